@@ -1,0 +1,146 @@
+"""The results dataset: one Parquet file per stack, rows written atomically, read with DuckDB.
+
+A write takes the stack file's lock, reads the file, replaces the row with the same key, and writes
+the whole file to a temporary name that is renamed over the old one: a crash or kill at any moment
+leaves the previous complete file, never a torn one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from assay.compat.schema import COLUMNS, ROW_KEY, SCHEMA, SCHEMA_VERSION
+from assay.core.errors import AssayError
+from assay.core.files import atomic_path, atomic_write_json, remove_stale_temporaries
+
+MARKER = "assay-results.json"
+
+
+def stack_file(folder: Path, stack_id: str) -> Path:
+    return Path(folder) / f"{stack_id}.parquet"
+
+
+def init_results(folder: str | Path) -> Path:
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise AssayError(f"{folder} is not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / MARKER).exists():
+        atomic_write_json(folder / MARKER, {"kind": "assay results", "schema_version": SCHEMA_VERSION})
+    return folder
+
+
+def check_results(folder: str | Path) -> Path:
+    """A results folder holds our marker or stack Parquet files; anything else is bad input."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise AssayError(f"{folder} is not a results folder (it does not exist or is not a folder)")
+    if not (folder / MARKER).exists() and not any(folder.glob("*.parquet")):
+        raise AssayError(f"{folder} is not a results folder (no {MARKER} and no .parquet files)")
+    return folder
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    lock_path = path.with_name(path.name + ".lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _normalise(row: dict) -> dict:
+    unknown = set(row) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"columns not in the schema: {sorted(unknown)}")
+    return {name: row.get(name) for name in COLUMNS} | {"schema_version": SCHEMA_VERSION}
+
+
+def read_stack_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    return [{name: row.get(name) for name in COLUMNS} for row in rows]
+
+
+def write_rows(folder: str | Path, rows: list[dict]) -> list[Path]:
+    """Insert or replace rows (by model and dtype) in their stacks' files, atomically per file."""
+    folder = init_results(folder)
+    by_stack: dict[str, list[dict]] = {}
+    for row in rows:
+        row = _normalise(row)
+        by_stack.setdefault(row["stack_id"], []).append(row)
+    written = []
+    for stack_id, new_rows in by_stack.items():
+        path = stack_file(folder, stack_id)
+        with _locked(path):
+            new_keys = {tuple(r[k] for k in ROW_KEY) for r in new_rows}
+            kept = [r for r in read_stack_rows(path) if tuple(r[k] for k in ROW_KEY) not in new_keys]
+            table = pa.Table.from_pylist(kept + new_rows, schema=SCHEMA)
+            with atomic_path(path) as tmp:
+                pq.write_table(table, tmp, compression="zstd")
+        written.append(path)
+    return written
+
+
+def write_row(folder: str | Path, row: dict) -> Path:
+    return write_rows(folder, [row])[0]
+
+
+def recorded_keys(folder: str | Path, stack_id: str) -> set[tuple]:
+    path = stack_file(Path(folder), stack_id)
+    return {tuple(r[k] for k in ROW_KEY) for r in read_stack_rows(path)}
+
+
+def clean_partial_writes(folder: str | Path) -> list[Path]:
+    """Remove temporary files left by a write that was killed before its rename."""
+    return remove_stale_temporaries(folder)
+
+
+def connect(folder: str | Path):
+    """A DuckDB connection with a `results` view over every stack file in the folder."""
+    import duckdb
+
+    folder = check_results(folder)
+    connection = duckdb.connect()
+    files = sorted(str(p) for p in folder.glob("*.parquet"))
+    if files:
+        file_list = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+        connection.execute(f"CREATE VIEW results AS SELECT * FROM read_parquet([{file_list}], union_by_name=true)")
+    else:
+        # An empty results folder is valid: the view exists with the schema and no rows.
+        connection.register("_empty", pa.Table.from_pylist([], schema=SCHEMA))
+        connection.execute("CREATE VIEW results AS SELECT * FROM _empty")
+    return connection
+
+
+def query(folder: str | Path, stack: str | None = None, status: str | None = None, model: str | None = None) -> list[dict]:
+    connection = connect(folder)
+    clauses, params = [], []
+    if stack:
+        clauses.append("(stack_id = ? OR stack_id LIKE ?)")
+        params += [stack, f"%{stack}%"]
+    if status:
+        clauses.append("status = ?")
+        params.append(status.upper())
+    if model:
+        clauses.append("lower(model) LIKE ?")
+        params.append(f"%{model.lower()}%")
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    cursor = connection.execute(f"SELECT * FROM results {where} ORDER BY stack_id, model", params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, values)) for values in cursor.fetchall()]
+
+
+def versions(row: dict) -> dict:
+    return json.loads(row["versions"]) if row.get("versions") else {}

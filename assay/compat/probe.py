@@ -1,0 +1,236 @@
+"""`assay probe MODEL`: the fixed compatibility probe for one checkpoint on one stack.
+
+Load with from_pretrained on the device, generate N tokens greedily with a static cache under
+torch.compile, compare with a CPU eager run of the same checkpoint, record one dataset row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from assay import __version__
+from assay.compat import recipe
+from assay.compat.runpy import render_run_py
+from assay.compat.schema import IMAGE_TASKS, SCHEMA_VERSION, TEXT_TASKS, empty_row
+from assay.core.compiling import CompileStats, _counting_backend, watch
+from assay.core.device import PeakMemory, resolve_backend, resolve_device
+from assay.core.errors import AssayError
+from assay.core.numerics import compare_tokens
+from assay.core.stack import collect_stack
+
+DTYPES = ("float32", "bfloat16", "float16")
+ZOO_STAMP = "assay_zoo.json"
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    model: str  # Hub id or local checkpoint folder
+    device: str = "cpu"
+    backend: str = "inductor"
+    dtype: str = "float32"
+    new_tokens: int = 32
+    task: str | None = None  # inferred from the checkpoint when None
+    skip_reason: str | None = None  # record a deliberate SKIPPED row instead of running
+
+
+@dataclass
+class ModelRef:
+    """What a MODEL argument names: where from_pretrained loads it, and how results name it."""
+
+    load_path: str
+    name: str  # the dataset's `model`: Hub id, "assay-zoo/<entry>", or an absolute path
+    config: dict = field(default_factory=dict)
+    stands_in_for: str | None = None
+    zoo_task: str | None = None
+
+
+def resolve_model(model: str) -> ModelRef:
+    """A local folder must be a checkpoint; anything else that looks like `org/name` is a Hub id."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise AssayError(f"{model} is not a checkpoint (expected a folder with config.json)")
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            config = {"_unreadable": str(exc)}
+        stamp = path / ZOO_STAMP
+        if stamp.is_file():
+            zoo = json.loads(stamp.read_text())
+            return ModelRef(str(path.resolve()), f"assay-zoo/{zoo['name']}", config, zoo.get("stands_in_for"), zoo.get("task"))
+        return ModelRef(str(path.resolve()), str(path.resolve()), config)
+    looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or model.endswith(("/", ".json", ".safetensors"))
+    if looks_local or not model.strip():
+        raise AssayError(f"{model} is not a checkpoint (no such folder) and not a Hub model id")
+    return ModelRef(model, model)
+
+
+def infer_task(ref: ModelRef, override: str | None) -> str:
+    if override:
+        return override
+    if ref.zoo_task:
+        return ref.zoo_task
+    architectures = ref.config.get("architectures") or []
+    if "vision_config" in ref.config or any("ConditionalGeneration" in a for a in architectures):
+        return "image-text-to-text"
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return "text-generation"
+    if not ref.config:  # a Hub id: from_pretrained decides; the common case is a causal LM
+        return "text-generation"
+    return f"unsupported ({', '.join(architectures) or ref.config.get('model_type', 'unknown')})"
+
+
+def classify_exception(exc: BaseException, phase: str) -> str:
+    """Map an exception to a status. phase: "load", "compile" (first compiled call) or "run"."""
+    import torch._dynamo.exc as dynamo_exc
+
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(exc).lower():
+        return "OOM"
+    if phase == "load":
+        return "FAIL_LOAD"
+    compile_errors = (dynamo_exc.BackendCompilerFailed, dynamo_exc.Unsupported, dynamo_exc.InternalTorchDynamoError)
+    if isinstance(exc, compile_errors) or type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+        return "FAIL_COMPILE"
+    return "FAIL_RUN"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:400] if text else ''}".rstrip(": ")
+
+
+def probe(request: ProbeRequest) -> dict:
+    """Run the probe and return its dataset row (not yet written). Bad input raises AssayError."""
+    if request.dtype not in DTYPES:
+        raise AssayError(f"unknown dtype {request.dtype!r} (choose from {', '.join(DTYPES)})")
+    if request.new_tokens < 1:
+        raise AssayError("--new-tokens must be at least 1")
+    device = resolve_device(request.device)
+    backend = resolve_backend(request.backend)
+    ref = resolve_model(request.model)
+    task = infer_task(ref, request.task)
+    stack = collect_stack(device.type, backend)
+    started = time.perf_counter()
+
+    row = empty_row() | {
+        "model": ref.name,
+        "model_name": ref.name.rsplit("/", 1)[-1],
+        "task": task,
+        "architecture": (ref.config.get("architectures") or [None])[0] or ref.config.get("model_type"),
+        "stands_in_for": ref.stands_in_for,
+        "device": str(device),
+        "device_name": stack.device_name,
+        "backend": backend,
+        "dtype": request.dtype,
+        "num_devices": 1,
+        "parallelism": "single",
+        "stack_id": stack.stack_id,
+        "stack_label": stack.label,
+        "versions": stack.versions_json(),
+        "new_tokens": request.new_tokens,
+        "check": "tokens-vs-cpu-eager",
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "assay_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+    }
+    row["run_py"] = render_run_py(
+        model_path=ref.load_path, task=task, device=str(device), dtype=request.dtype, backend=backend,
+        new_tokens=request.new_tokens, stack_label=stack.label, stack_id=stack.stack_id,
+    )
+    row["command"] = (
+        f"assay probe {request.model} --device {request.device} --backend {backend} --dtype {request.dtype} "
+        f"--new-tokens {request.new_tokens} --out results/"
+    )
+
+    def finish(status: str, reason: str, error: str | None = None) -> dict:
+        row.update(status=status, reason=reason, error=error, total_s=time.perf_counter() - started)
+        return row
+
+    if request.skip_reason:
+        return finish("SKIPPED", request.skip_reason)
+    if task not in TEXT_TASKS + IMAGE_TASKS:
+        return finish("SKIPPED", f"task {task} is outside the probe's scope (text-generation, image-text-to-text)")
+
+    stats = CompileStats()
+    meter = PeakMemory(device)
+    with meter:
+        # 1. load on the device
+        try:
+            load_start = time.perf_counter()
+            model = recipe.load_model(ref.load_path, task, str(device), request.dtype)
+            inputs = recipe.make_inputs(ref.load_path, task, str(device))
+            row["load_s"] = time.perf_counter() - load_start
+            row["prompt_tokens"] = int(inputs["input_ids"].shape[1])
+        except Exception as exc:  # any failure to load is a result, not a crash
+            return finish(classify_exception(exc, "load"), _one_line(exc), traceback.format_exc())
+
+        # 2. compiled generation: the first call compiles, the second measures warm decoding
+        config = recipe.compile_config(_counting_backend(backend, stats))
+        try:
+            with watch(stats):
+                compile_start = time.perf_counter()
+                tokens, _ = recipe.generate(model, inputs, request.new_tokens, config)
+                row["compile_s"] = time.perf_counter() - compile_start
+        except Exception as exc:
+            _record_compile_stats(row, stats)
+            return finish(classify_exception(exc, "compile"), _one_line(exc), traceback.format_exc())
+        try:
+            with watch(stats):
+                decode_start = time.perf_counter()
+                recipe.generate(model, inputs, request.new_tokens, config)
+                row["decode_tokens_per_s"] = request.new_tokens / (time.perf_counter() - decode_start)
+        except Exception as exc:
+            _record_compile_stats(row, stats)
+            return finish(classify_exception(exc, "run"), _one_line(exc), traceback.format_exc())
+    row["peak_memory_bytes"] = meter.peak_bytes
+    row["memory_kind"] = meter.kind
+    row["generated_tokens"] = tokens
+    _record_compile_stats(row, stats)
+
+    # 3. the reference: CPU eager, same checkpoint and dtype (the same model object when already on CPU)
+    try:
+        reference_model = model if device.type == "cpu" else recipe.load_model(ref.load_path, task, "cpu", request.dtype)
+        reference_inputs = inputs if device.type == "cpu" else recipe.make_inputs(ref.load_path, task, "cpu")
+        reference, top5 = recipe.generate(reference_model, reference_inputs, request.new_tokens, None, output_scores=True)
+    except Exception as exc:
+        return finish(classify_exception(exc, "run"), f"CPU eager reference failed: {_one_line(exc)}", traceback.format_exc())
+    row["reference_tokens"] = reference
+
+    mismatch = compare_tokens(tokens, reference, top5)
+    if mismatch is None:
+        return finish("PASS", f"{len(tokens)} greedy tokens equal the CPU eager reference")
+    row.update(
+        first_mismatch=mismatch.position, mismatch_expected=mismatch.expected, mismatch_actual=mismatch.actual,
+        mismatch_in_top5=mismatch.actual_in_reference_top5,
+    )
+    verdict = "in the reference's top-5 (numerical drift)" if mismatch.actual_in_reference_top5 else "not in the reference's top-5 (garbage)"
+    return finish(
+        "FAIL_ACCURACY",
+        f"token {mismatch.position} differs: device {mismatch.actual}, reference {mismatch.expected}; device token {verdict}",
+    )
+
+
+def _record_compile_stats(row: dict, stats: CompileStats) -> None:
+    row["graphs"] = stats.graphs
+    row["graph_breaks"] = stats.graph_breaks
+    row["recompiles"] = stats.recompiles
+    row["compile_cache_hit"] = stats.cache_hit
+
+
+def probe_and_record(request: ProbeRequest, out: str | Path) -> dict:
+    from assay.compat.dataset import init_results, write_row
+
+    init_results(out)  # a bad --out fails before minutes of work, not after
+    row = probe(request)
+    write_row(out, row)
+    return row

@@ -1,0 +1,92 @@
+"""The results dataset's schema: one definition that writers and readers import.
+
+Documented in docs/dataset.md. Bump SCHEMA_VERSION when a column changes meaning or type; readers
+accept older files by name (DuckDB's union_by_name) and fill missing columns with null.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+# Statuses and what they mean. SKIPPED is deliberate and never a failure; "not tested" is not a
+# status at all (the model has no row).
+STATUSES = {
+    "PASS": "generated the tokens the reference generated (or, sharded, the judge found the text fluent)",
+    "FAIL_ACCURACY": "ran, but the tokens differ from the reference (first mismatch recorded)",
+    "FAIL_LOAD": "from_pretrained failed (missing or corrupt weights, unknown architecture, ...)",
+    "FAIL_COMPILE": "torch.compile failed (dynamo or the backend compiler raised)",
+    "FAIL_RUN": "compiled, but running the model raised",
+    "OOM": "the device or host ran out of memory",
+    "TIMEOUT": "killed after the time limit",
+    "CRASH": "the probe process died (signal, segfault) without reporting",
+    "SKIPPED": "deliberately not run (reason recorded); not a failure",
+}
+FAILURES = tuple(s for s in STATUSES if s.startswith("FAIL") or s in ("OOM", "TIMEOUT", "CRASH"))
+
+SCHEMA = pa.schema(
+    [
+        pa.field("schema_version", pa.int32(), nullable=False),
+        # what was probed
+        pa.field("model", pa.string(), nullable=False),  # Hub id or the path as given
+        pa.field("model_name", pa.string()),  # folder name or Hub id, for search
+        pa.field("task", pa.string()),
+        pa.field("architecture", pa.string()),
+        pa.field("stands_in_for", pa.string()),  # zoo entries: the public checkpoint they reproduce
+        # verdict
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("reason", pa.string()),  # one line: why this status
+        pa.field("error", pa.string()),  # full traceback when something raised
+        pa.field("check", pa.string()),  # what a PASS compared: "tokens-vs-cpu-eager" or "judge"
+        pa.field("first_mismatch", pa.int32()),
+        pa.field("mismatch_expected", pa.int64()),
+        pa.field("mismatch_actual", pa.int64()),
+        pa.field("mismatch_in_top5", pa.bool_()),
+        # where and how
+        pa.field("device", pa.string(), nullable=False),
+        pa.field("device_name", pa.string()),
+        pa.field("backend", pa.string(), nullable=False),
+        pa.field("dtype", pa.string()),
+        pa.field("num_devices", pa.int32()),
+        pa.field("parallelism", pa.string()),  # "single", "tensor", "expert"
+        pa.field("stack_id", pa.string(), nullable=False),
+        pa.field("stack_label", pa.string()),
+        pa.field("versions", pa.string()),  # JSON: the whole stack (assay.core.stack.Stack.as_dict)
+        pa.field("run_py", pa.string()),  # the self-contained script that reproduces this row
+        pa.field("command", pa.string()),  # the one-line assay command that produced it
+        # tokens
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("new_tokens", pa.int32()),
+        pa.field("generated_tokens", pa.list_(pa.int64())),
+        pa.field("reference_tokens", pa.list_(pa.int64())),
+        # timings and memory
+        pa.field("load_s", pa.float64()),
+        pa.field("compile_s", pa.float64()),  # first compiled generate: compilation + one generation
+        pa.field("decode_tokens_per_s", pa.float64()),  # second compiled generate, graphs warm
+        pa.field("total_s", pa.float64()),  # wall time of the whole probe, compilation included
+        pa.field("peak_memory_bytes", pa.int64()),
+        pa.field("memory_kind", pa.string()),  # "host_rss" on CPU, "<type>_allocated" on devices
+        # compilation
+        pa.field("graphs", pa.int32()),
+        pa.field("graph_breaks", pa.int32()),
+        pa.field("recompiles", pa.int32()),
+        pa.field("compile_cache_hit", pa.bool_()),
+        # provenance
+        pa.field("started_at", pa.string()),  # ISO 8601, UTC
+        pa.field("host", pa.string()),
+        pa.field("assay_version", pa.string()),
+    ],
+    metadata={"assay_schema_version": str(SCHEMA_VERSION)},
+)
+
+COLUMNS = [field.name for field in SCHEMA]
+# A model has one row per stack and dtype: re-probing replaces it.
+ROW_KEY = ("model", "dtype")
+
+
+def empty_row() -> dict:
+    return {name: None for name in COLUMNS} | {"schema_version": SCHEMA_VERSION}
+
+TEXT_TASKS = ("text-generation",)
+IMAGE_TASKS = ("image-text-to-text",)

@@ -1,0 +1,114 @@
+"""torch.compile by backend name, with the counters that say what compilation did.
+
+Every compiled call site in assay goes through `compile_fn`, so graphs, graph breaks, recompiles
+and compile-cache hits are counted the same way in the probe, the trainer and the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from assay.core.device import resolve_backend
+
+
+@dataclass
+class CompileStats:
+    """What dynamo did while this object was counting.
+
+    graphs: FX graphs handed to the backend (one per compiled region; a graph break adds one);
+    recompiles: graphs compiled again for a frame already compiled (guards failed: new shape, dtype...);
+    graph_breaks: dynamo's graph-break counter delta, with the reasons;
+    cache_hits / cache_misses: inductor FX-graph cache and AOT-autograd cache lookups.
+    """
+
+    graphs: int = 0
+    recompiles: int = 0
+    graph_breaks: int = 0
+    break_reasons: list[str] = field(default_factory=list)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    compile_ids: list[str] = field(default_factory=list)
+
+    @property
+    def cache_hit(self) -> bool | None:
+        """True when every lookup hit, False when any missed, None when the backend keeps no cache."""
+        if self.cache_hits + self.cache_misses == 0:
+            return None
+        return self.cache_misses == 0
+
+    def as_dict(self) -> dict:
+        return {
+            "graphs": self.graphs,
+            "recompiles": self.recompiles,
+            "graph_breaks": self.graph_breaks,
+            "break_reasons": self.break_reasons,
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+        }
+
+
+def _counting_backend(backend: str, stats: CompileStats) -> Callable:
+    import torch._dynamo
+    from torch._guards import CompileContext
+
+    inner = torch._dynamo.lookup_backend(backend)
+
+    def backend_fn(gm: torch.fx.GraphModule, example_inputs):
+        compile_id = CompileContext.current_compile_id()
+        stats.graphs += 1
+        if compile_id is not None:
+            stats.compile_ids.append(str(compile_id))
+            if getattr(compile_id, "frame_compile_id", 0):
+                stats.recompiles += 1
+        return inner(gm, example_inputs)
+
+    backend_fn.__name__ = f"counted_{backend}"
+    return backend_fn
+
+
+def compile_fn(fn: Callable, backend: str, stats: CompileStats | None = None, **kwargs) -> Callable:
+    """torch.compile(fn) with the backend named `backend`, counting graphs/recompiles into `stats`."""
+    backend = resolve_backend(backend)
+    if stats is None:
+        return torch.compile(fn, backend=backend, **kwargs)
+    return torch.compile(fn, backend=_counting_backend(backend, stats), **kwargs)
+
+
+def _counter_snapshot() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "hits": counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"],
+        "misses": counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"],
+    }
+
+
+@contextlib.contextmanager
+def watch(stats: CompileStats) -> Iterator[CompileStats]:
+    """Add dynamo's global counter deltas over the block (graph breaks, cache lookups) to `stats`."""
+    from torch._dynamo.utils import counters
+
+    before = _counter_snapshot()
+    reasons_before = dict(counters["graph_break"])
+    try:
+        yield stats
+    finally:
+        after = _counter_snapshot()
+        stats.graph_breaks += after["graph_breaks"] - before["graph_breaks"]
+        stats.cache_hits += after["hits"] - before["hits"]
+        stats.cache_misses += after["misses"] - before["misses"]
+        for reason, count in counters["graph_break"].items():
+            if count > reasons_before.get(reason, 0):
+                stats.break_reasons.append(reason.splitlines()[0][:300])
+
+
+def reset() -> None:
+    """Forget compiled code so the next call compiles again (between independent measurements)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()

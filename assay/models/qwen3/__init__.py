@@ -1,0 +1,160 @@
+"""The native Qwen3 (dense and MoE): flavours, and loading from / exporting to Hugging Face checkpoints.
+
+    FLAVOURS["4B"]                                   a size, as data
+    replace(FLAVOURS["32B"], dim=2560, n_layers=36, n_heads=32, hidden_dim=9728)   the guide's 4B
+    model, args = load_native_qwen3("ckpt/", "layers=4,experts=64", slice_experts=True)
+    export_hf(model, args, "out/", tokenizer_source_dir="ckpt/")
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from assay.core.errors import AssayError
+from assay.models.hf_checkpoint import (
+    CONFIG_FILE,
+    DEFAULT_MAX_SHARD_BYTES,
+    SafetensorsStateDict,
+    checkpoint_dir,
+    read_hf_config,
+    write_hf_checkpoint,
+)
+from assay.models.qwen3.args import Qwen3Args, apply_spec_overrides, parse_spec_overrides
+from assay.models.qwen3.model import ParamCounts, Qwen3, count_parameters
+from assay.models.qwen3.state_dict_adapter import from_hf, to_hf
+
+# Sizes of the published Qwen3 checkpoints (their config.json), plus two tiny ones for tests.
+_QWEN3_VOCAB = 151936
+_TINY = Qwen3Args(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, max_seq_len=2048)
+_DENSE_0_6B = Qwen3Args(
+    vocab_size=_QWEN3_VOCAB, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, hidden_dim=3072, tie_embeddings=True
+)
+FLAVOURS: dict[str, Qwen3Args] = {
+    "tiny": _TINY,
+    "tiny-moe": replace(_TINY, n_experts=8, top_k=2, moe_hidden_dim=32),
+    "0.6B": _DENSE_0_6B,
+    "1.7B": replace(_DENSE_0_6B, dim=2048, hidden_dim=6144),
+    "4B": replace(_DENSE_0_6B, dim=2560, n_layers=36, n_heads=32, hidden_dim=9728),
+    "8B": replace(_DENSE_0_6B, dim=4096, n_layers=36, n_heads=32, hidden_dim=12288, tie_embeddings=False),
+    "14B": replace(_DENSE_0_6B, dim=5120, n_layers=40, n_heads=40, hidden_dim=17408, tie_embeddings=False),
+    "32B": replace(_DENSE_0_6B, dim=5120, n_layers=64, n_heads=64, hidden_dim=25600, tie_embeddings=False),
+    "30B-A3B": Qwen3Args(
+        vocab_size=_QWEN3_VOCAB, dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, hidden_dim=6144,
+        n_experts=128, top_k=8, moe_hidden_dim=768, norm_topk_prob=True,
+    ),
+    "235B-A22B": Qwen3Args(
+        vocab_size=_QWEN3_VOCAB, dim=4096, n_layers=94, n_heads=64, n_kv_heads=4, head_dim=128, hidden_dim=12288,
+        n_experts=128, top_k=8, moe_hidden_dim=1536, norm_topk_prob=True,
+    ),
+}
+
+# Copied from the source config on export: they belong to the tokenizer, not to the architecture.
+_TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def flavour(name: str) -> Qwen3Args:
+    try:
+        return FLAVOURS[name]
+    except KeyError:
+        raise AssayError(f"unknown Qwen3 flavour {name!r}; known: {', '.join(FLAVOURS)}") from None
+
+
+def build_qwen3(args: Qwen3Args, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> Qwen3:
+    """A randomly initialised model (on "meta": shapes only, for counting or for parallelize-then-materialise)."""
+    with torch.device(device):
+        model = Qwen3(args)
+    if torch.device(device).type != "meta":
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        model.init_weights(generator=generator)
+    return model.to(dtype=dtype)
+
+
+def _owned(tensor: torch.Tensor, device, dtype: torch.dtype) -> torch.Tensor:
+    """On device in dtype, owning its memory: a slice of a fused expert tensor must not pin the whole tensor."""
+    tensor = tensor.to(device=device, dtype=dtype)
+    if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+        tensor = tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
+
+
+def load_native_qwen3(
+    path_or_dir: str | os.PathLike,
+    spec_overrides: str | Mapping[str, Any] | None = None,
+    slice_experts: bool = False,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Qwen3, Qwen3Args]:
+    """Build the native Qwen3 that the checkpoint's config.json describes (after overrides) and load its weights.
+
+    A spec with fewer layers or experts than the checkpoint loads only with slice_experts=True: the
+    first layers, the first experts and the matching router rows.
+    """
+    folder = checkpoint_dir(path_or_dir)
+    args = apply_spec_overrides(Qwen3Args.from_hf_config(read_hf_config(folder)), spec_overrides)
+    native = from_hf(SafetensorsStateDict(folder), args, slice_experts=slice_experts)
+    with torch.device("meta"):
+        model = Qwen3(args)
+    expected = model.state_dict()
+    mismatched = [
+        f"{key} {tuple(native[key].shape)} vs spec {tuple(meta.shape)}"
+        for key, meta in expected.items()
+        if tuple(native[key].shape) != tuple(meta.shape)
+    ]
+    if mismatched:
+        shown = "; ".join(mismatched[:4]) + (f"; ... ({len(mismatched)} in all)" if len(mismatched) > 4 else "")
+        raise AssayError(f"checkpoint tensors do not fit the Qwen3 spec: {shown}")
+    converted: dict[int, torch.Tensor] = {}  # by id: a tied embedding/output is converted once
+    weights = {}
+    for key in expected:
+        if id(native[key]) not in converted:
+            converted[id(native[key])] = _owned(native[key], device, dtype)
+        weights[key] = converted[id(native[key])]
+    model.load_state_dict(weights, strict=True, assign=True)
+    model.tie_weights()  # assign=True gave output and embedding separate Parameters
+    model.reset_rope_cache()
+    return model, args
+
+
+def export_hf(
+    model: nn.Module | Mapping[str, torch.Tensor],
+    args: Qwen3Args,
+    out_dir: str | os.PathLike,
+    tokenizer_source_dir: str | os.PathLike | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> list[os.PathLike]:
+    """Write a Transformers checkpoint (safetensors, config.json, and from the source checkpoint its
+    tokenizer files and generation_config.json) that AutoModelForCausalLM.from_pretrained reloads.
+
+    `model` is a native Qwen3 or its full (gathered, plain-tensor) state dict.
+    """
+    state_dict = model.state_dict() if isinstance(model, nn.Module) else model
+    hf_state_dict = to_hf(state_dict, args)
+    config = args.to_hf_config()
+    config["dtype"] = str(next(iter(hf_state_dict.values())).dtype).removeprefix("torch.")
+    if tokenizer_source_dir is not None and (checkpoint_dir(tokenizer_source_dir) / CONFIG_FILE).is_file():
+        source_config = read_hf_config(tokenizer_source_dir)
+        config.update({key: source_config[key] for key in _TOKEN_ID_KEYS if key in source_config})
+    return write_hf_checkpoint(out_dir, hf_state_dict, config, source_dir=tokenizer_source_dir, max_shard_bytes=max_shard_bytes)
+
+
+__all__ = [
+    "FLAVOURS",
+    "ParamCounts",
+    "Qwen3",
+    "Qwen3Args",
+    "apply_spec_overrides",
+    "build_qwen3",
+    "count_parameters",
+    "export_hf",
+    "flavour",
+    "from_hf",
+    "load_native_qwen3",
+    "parse_spec_overrides",
+    "to_hf",
+]
