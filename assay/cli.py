@@ -96,6 +96,8 @@ def probe(
     task: Optional[str] = typer.Option(None, help="override the task inferred from the checkpoint"),
     skip: Optional[str] = typer.Option(None, help="record a deliberate SKIPPED row with this reason instead of running"),
     out: Path = typer.Option(Path("results"), help="results folder (one Parquet file per stack)"),
+    timeout: Optional[float] = typer.Option(None, help="seconds; runs the probe in its own process and records TIMEOUT past it"),
+    memory_limit_gb: Optional[float] = typer.Option(None, "--memory-limit-gb", help="address-space limit for the probe's own process (OOM past it)"),
     strict: bool = typer.Option(False, help="exit 1 unless the status is PASS or SKIPPED"),
     json_out: bool = typer.Option(False, "--json"),
 ):
@@ -104,7 +106,10 @@ def probe(
     from assay.compat.probe import ProbeRequest, probe_and_record
     from assay.core.output import STATUS_STYLES, print_json, print_table
 
-    row = probe_and_record(ProbeRequest(model, device, backend, dtype, new_tokens, task, skip), out)
+    if timeout is not None and timeout <= 0:
+        raise AssayError("--timeout must be positive")
+    limit = int(memory_limit_gb * 2**30) if memory_limit_gb else None
+    row = probe_and_record(ProbeRequest(model, device, backend, dtype, new_tokens, task, skip), out, timeout=timeout, memory_limit_bytes=limit)
     if json_out:
         print_json({k: v for k, v in row.items() if k not in ("run_py", "versions")})
     else:
@@ -149,8 +154,144 @@ def results(
         typer.echo("no results recorded" + (" matching the filters" if (stack_filter or status or model) else ""))
 
 
+@app.command()
+def diff(
+    folder: Path = typer.Argument(..., help="results folder"),
+    base: str = typer.Option(..., help="the stack to compare from (stack_id or an unambiguous part)"),
+    new: str = typer.Option(..., help="the stack to compare to"),
+    json_out: bool = typer.Option(False, "--json"),
+):
+    """Per model, the status change between two stacks: regressions first; pass rate over models on both."""
+    from assay.compat.diff import diff_stacks
+    from assay.core.output import print_json, print_table
+
+    result = diff_stacks(folder, base, new)
+    if json_out:
+        print_json(result.as_dict())
+        return
+    rows = [c.__dict__ for c in result.changes]
+    print_table(rows, ["model", "dtype", "kind", "base_status", "new_status", "new_reason"], title=f"{result.base} -> {result.new}",
+                styles={"kind": {"regressed": "red", "failure_changed": "yellow", "fixed": "green"}})
+    fmt = lambda r: "-" if r is None else f"{100 * r:.0f}%"  # noqa: E731
+    counts = ", ".join(f"{k} {v}" for k, v in result.counts().items() if v)
+    typer.echo(f"pass rate over {result.models_on_both} models tested on both: {fmt(result.base_pass_rate)} -> {fmt(result.new_pass_rate)}; {counts}")
+
+
+@app.command()
+def sweep(
+    models: Optional[list[str]] = typer.Argument(None, help="Hub ids or checkpoint folders"),
+    zoo: Optional[Path] = typer.Option(None, help="probe every checkpoint of a zoo folder"),
+    list_file: Optional[Path] = typer.Option(None, "--list", help="a file with one model per line (# comments)"),
+    out: Path = typer.Option(Path("results"), help="results folder"),
+    device: str = typer.Option("cpu"),
+    backend: str = typer.Option("inductor"),
+    dtype: str = typer.Option("float32"),
+    new_tokens: int = typer.Option(32, "--new-tokens"),
+    workers: int = typer.Option(1, help="probes side by side, each with its share of devices/cores"),
+    timeout: float = typer.Option(600.0, help="seconds per probe; past it the probe is killed and recorded TIMEOUT"),
+    memory_limit_gb: Optional[float] = typer.Option(None, "--memory-limit-gb", help="address-space limit per probe process"),
+    shard: Optional[str] = typer.Option(None, help="i/n: this machine's share of the model list"),
+    executor: str = typer.Option("local", help="local or ray"),
+    cache_dir: Optional[Path] = typer.Option(None, help="compile-cache folder for the probes (default: torch's)"),
+    max_devices: int = typer.Option(1, help="most devices one probe may take"),
+    devices: Optional[int] = typer.Option(None, help="force this many devices per probe"),
+    device_memory_gb: Optional[float] = typer.Option(None, "--device-memory-gb", help="per-device memory when the device cannot say"),
+    force: bool = typer.Option(False, help="probe again models already recorded for this stack"),
+    strict: bool = typer.Option(False, help="exit 1 if any probe failed"),
+    json_out: bool = typer.Option(False, "--json"),
+):
+    """Probe many models, each in its own process: resumable, parallel, sharded across machines."""
+    _quiet_libraries()
+    from assay.compat.models_list import collect_models, parse_shard, shard_models
+    from assay.compat.probe import ProbeRequest
+    from assay.compat.sweep import SweepRequest, is_failure, run_sweep
+    from assay.core.output import STATUS_STYLES, print_json, print_table
+
+    chosen = shard_models(collect_models(models or [], str(zoo) if zoo else None, str(list_file) if list_file else None), parse_shard(shard))
+    request = SweepRequest(
+        models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens),
+        workers=workers, timeout=timeout, memory_limit_bytes=int(memory_limit_gb * 2**30) if memory_limit_gb else None,
+        force=force, executor=executor, cache_dir=cache_dir, max_devices=max_devices, devices=devices,
+        device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None, progress=not json_out,
+    )
+    outcome = run_sweep(request)
+    if json_out:
+        print_json({"rows": [{k: v for k, v in r.items() if k not in ("run_py", "versions")} for r in outcome.rows],
+                    "skipped_existing": outcome.skipped_existing, "counts": outcome.counts(), "wall_s": outcome.wall_s})
+    else:
+        if outcome.rows:
+            print_table(_display_rows(sorted(outcome.rows, key=lambda r: r["model"])), RESULT_COLUMNS, styles=STATUS_STYLES,
+                        headers=RESULT_HEADERS, title=f"sweep: {len(outcome.rows)} probed in {outcome.wall_s:.0f} s")
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(outcome.counts().items())) or "nothing probed"
+        typer.echo(f"{counts}; {len(outcome.skipped_existing)} already recorded for this stack (--force redoes them)")
+    if strict and any(is_failure(r) for r in outcome.rows):
+        raise typer.Exit(1)
+
+
+@app.command()
+def merge(
+    out: Path = typer.Argument(..., help="results folder to merge into"),
+    sources: list[Path] = typer.Argument(..., help="result folders to merge (e.g. one per machine)"),
+    json_out: bool = typer.Option(False, "--json"),
+):
+    """Merge result folders: rows of the same stack combined, one per model (the latest probe wins)."""
+    from assay.compat.dataset import merge_results
+    from assay.core.output import print_json, print_table
+
+    per_stack = merge_results(out, sources)
+    if json_out:
+        print_json(per_stack)
+    else:
+        print_table([{"stack_id": k, "rows": v} for k, v in sorted(per_stack.items())], ["stack_id", "rows"], title=f"merged into {out}")
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="Compile caches, carried between machines of the same stack.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("export")
+def cache_export(
+    archive: Path = typer.Argument(..., help="the .tar.gz to write"),
+    cache_dir: Optional[Path] = typer.Option(None, help="cache folder (default: torch's inductor cache folder)"),
+    device: str = typer.Option("cpu", help="device type the cache was built for"),
+    json_out: bool = typer.Option(False, "--json"),
+):
+    """Write the compile cache to an archive labelled with the compiler versions it needs."""
+    from assay.core.compile_cache import export_cache
+    from assay.core.output import print_json, print_key_values
+
+    info = export_cache(archive, cache_dir, device)
+    print_json(info) if json_out else print_key_values({"archive": info["archive"], "files": info["files"], **info["fingerprint"]}, title="cache exported")
+
+
+@cache_app.command("import")
+def cache_import(
+    archive: Path = typer.Argument(..., help="an archive written by `assay cache export`"),
+    cache_dir: Optional[Path] = typer.Option(None, help="cache folder (default: torch's inductor cache folder)"),
+    device: str = typer.Option("cpu", help="device type of this machine's probes"),
+    json_out: bool = typer.Option(False, "--json"),
+):
+    """Load a compile cache; refuses, clearly, one built by another stack."""
+    from assay.core.compile_cache import import_cache
+    from assay.core.output import print_json, print_key_values
+
+    info = import_cache(archive, cache_dir, device)
+    print_json(info) if json_out else print_key_values({"cache_dir": info["cache_dir"], "files": info["files"]}, title="cache imported")
+
+
+from assay.train.commands import register as _register_train  # noqa: E402
+
+_register_train(app)
+from assay.app.commands import register as _register_app  # noqa: E402
+
+_register_app(app)
+
+
 def main() -> None:
     try:
+        from assay.core.plugins import load_plugins
+
+        load_plugins()
         app(standalone_mode=True)
     except AssayError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -84,6 +84,10 @@ def write_rows(folder: str | Path, rows: list[dict]) -> list[Path]:
     for stack_id, new_rows in by_stack.items():
         path = stack_file(folder, stack_id)
         with _locked(path):
+            # A writer killed before its rename left a temporary beside the file: nobody else can be
+            # writing this stack's file while we hold its lock, so the leftovers are garbage.
+            for leftover in folder.glob(f".{path.name}.*.tmp"):
+                leftover.unlink(missing_ok=True)
             new_keys = {tuple(r[k] for k in ROW_KEY) for r in new_rows}
             kept = [r for r in read_stack_rows(path) if tuple(r[k] for k in ROW_KEY) not in new_keys]
             table = pa.Table.from_pylist(kept + new_rows, schema=SCHEMA)
@@ -144,3 +148,23 @@ def query(folder: str | Path, stack: str | None = None, status: str | None = Non
 
 def versions(row: dict) -> dict:
     return json.loads(row["versions"]) if row.get("versions") else {}
+
+
+def merge_results(out: str | Path, sources: list[str | Path]) -> dict[str, int]:
+    """Merge result folders (e.g. from several machines) into `out`: one row per stack and key.
+
+    When two folders hold the same model on the same stack, the later probe (started_at) wins.
+    """
+    newest: dict[tuple, dict] = {}
+    for source in sources:
+        folder = check_results(source)
+        for path in sorted(folder.glob("*.parquet")):
+            for row in read_stack_rows(path):
+                key = (row["stack_id"], *(row[k] for k in ROW_KEY))
+                if key not in newest or (row.get("started_at") or "") >= (newest[key].get("started_at") or ""):
+                    newest[key] = row
+    write_rows(out, list(newest.values())) if newest else init_results(out)
+    per_stack: dict[str, int] = {}
+    for stack_id, *_ in newest:
+        per_stack[stack_id] = per_stack.get(stack_id, 0) + 1
+    return per_stack

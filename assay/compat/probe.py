@@ -28,6 +28,8 @@ from assay.core.numerics import compare_tokens
 from assay.core.stack import collect_stack
 
 DTYPES = ("float32", "bfloat16", "float16")
+# How allocators say "no memory" when they raise something other than MemoryError/OutOfMemoryError.
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
 ZOO_STAMP = "assay_zoo.json"
 
 
@@ -93,8 +95,15 @@ def classify_exception(exc: BaseException, phase: str) -> str:
     """Map an exception to a status. phase: "load", "compile" (first compiled call) or "run"."""
     import torch._dynamo.exc as dynamo_exc
 
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(exc).lower():
-        return "OOM"
+    # Compilers wrap what they hit (BackendCompilerFailed around a MemoryError): look down the chain.
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
+    for link in chain:
+        message = str(link).lower()
+        if isinstance(link, (torch.OutOfMemoryError, MemoryError)) or any(m in message for m in OOM_MESSAGES):
+            return "OOM"
     if phase == "load":
         return "FAIL_LOAD"
     compile_errors = (dynamo_exc.BackendCompilerFailed, dynamo_exc.Unsupported, dynamo_exc.InternalTorchDynamoError)
@@ -108,8 +117,20 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:400] if text else ''}".rstrip(": ")
 
 
-def probe(request: ProbeRequest) -> dict:
-    """Run the probe and return its dataset row (not yet written). Bad input raises AssayError."""
+@dataclass
+class ProbePlan:
+    """A checked request: what will be loaded, where, and the row it will fill in."""
+
+    request: ProbeRequest
+    ref: ModelRef
+    task: str
+    device: torch.device
+    backend: str
+    row: dict
+
+
+def plan_probe(request: ProbeRequest) -> ProbePlan:
+    """Check the request (bad input raises AssayError) and lay out its row, before any model work."""
     if request.dtype not in DTYPES:
         raise AssayError(f"unknown dtype {request.dtype!r} (choose from {', '.join(DTYPES)})")
     if request.new_tokens < 1:
@@ -119,8 +140,6 @@ def probe(request: ProbeRequest) -> dict:
     ref = resolve_model(request.model)
     task = infer_task(ref, request.task)
     stack = collect_stack(device.type, backend)
-    started = time.perf_counter()
-
     row = empty_row() | {
         "model": ref.name,
         "model_name": ref.name.rsplit("/", 1)[-1],
@@ -151,6 +170,17 @@ def probe(request: ProbeRequest) -> dict:
         f"assay probe {request.model} --device {request.device} --backend {backend} --dtype {request.dtype} "
         f"--new-tokens {request.new_tokens} --out results/"
     )
+    return ProbePlan(request, ref, task, device, backend, row)
+
+
+def probe(request: ProbeRequest) -> dict:
+    """Run the probe in this process and return its dataset row (not yet written)."""
+    return execute(plan_probe(request))
+
+
+def execute(plan: ProbePlan) -> dict:
+    request, ref, task, device, backend, row = plan.request, plan.ref, plan.task, plan.device, plan.backend, dict(plan.row)
+    started = time.perf_counter()
 
     def finish(status: str, reason: str, error: str | None = None) -> dict:
         row.update(status=status, reason=reason, error=error, total_s=time.perf_counter() - started)
@@ -227,10 +257,17 @@ def _record_compile_stats(row: dict, stats: CompileStats) -> None:
     row["compile_cache_hit"] = stats.cache_hit
 
 
-def probe_and_record(request: ProbeRequest, out: str | Path) -> dict:
+def probe_and_record(request: ProbeRequest, out: str | Path, timeout: float | None = None, memory_limit_bytes: int | None = None) -> dict:
+    """Probe and write the row. With a timeout or memory limit the probe runs in its own process."""
     from assay.compat.dataset import init_results, write_row
 
     init_results(out)  # a bad --out fails before minutes of work, not after
-    row = probe(request)
+    plan = plan_probe(request)
+    if timeout is None and memory_limit_bytes is None:
+        row = execute(plan)
+    else:
+        from assay.compat.isolate import run_isolated
+
+        row = run_isolated(plan, timeout=timeout, memory_limit_bytes=memory_limit_bytes)
     write_row(out, row)
     return row

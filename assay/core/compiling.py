@@ -78,6 +78,24 @@ def compile_fn(fn: Callable, backend: str, stats: CompileStats | None = None, **
     return torch.compile(fn, backend=_counting_backend(backend, stats), **kwargs)
 
 
+def compile_modules(modules, backend: str, stats: CompileStats | None = None, **kwargs) -> None:
+    """Compile each module's forward in place (state-dict keys unchanged), one compiled function per class.
+
+    Modules of one class share one torch.compile of the unbound forward, so N identical transformer
+    blocks compile once: a separate torch.compile per block would recompile for every block (each
+    brings its own backend callable) and hit dynamo's recompile limit past 8 layers. Hooks (FSDP's
+    all-gathers) stay outside the compiled region.
+    """
+    import types
+
+    compiled_by_class: dict[type, Callable] = {}
+    for module in modules:
+        cls = type(module)
+        if cls not in compiled_by_class:
+            compiled_by_class[cls] = compile_fn(cls.forward, backend, stats, **kwargs)
+        module.forward = types.MethodType(compiled_by_class[cls], module)
+
+
 def _counter_snapshot() -> dict[str, int]:
     from torch._dynamo.utils import counters
 

@@ -29,6 +29,8 @@ from assay.core.errors import AssayError
 SUB_CHUNK = 16
 MIN_CHUNK = 16
 MAX_CHUNK = 128
+# gla_chunk works through the sequence this many tokens (rounded down to whole chunks) at a time.
+SEGMENT_TOKENS = 2048
 
 
 def _accumulation_dtype(*dtypes: torch.dtype) -> torch.dtype:
@@ -74,7 +76,7 @@ def gla_step(q, k, v, g, state, scale=None):
     accum = _accumulation_dtype(q.dtype, state.dtype)
     q, k, v, g = (x.to(accum) for x in (q, k, v, g))
     new_state = g.exp().unsqueeze(-1) * state.to(accum) + k.unsqueeze(-1) * v.unsqueeze(-2)
-    o = torch.einsum("bhk,bhkv->bhv", q * scale, new_state)
+    o = ((q * scale).unsqueeze(-1) * new_state).sum(-2)  # [B, H, V]; a tiny bmm costs more than this on CPU
     return o.to(out_dtype), new_state
 
 
@@ -87,8 +89,9 @@ def gla_recurrent(q, k, v, g, scale=None, initial_state=None, output_final_state
     else:
         state = initial_state.to(accum)
     outputs = []
-    for t in range(time):
-        o_t, state = gla_step(q[:, t], k[:, t], v[:, t], g[:, t], state, scale)
+    # unbind: the backward of one unbind is one stack; indexing q[:, t] per step would be quadratic in T.
+    for q_t, k_t, v_t, g_t in zip(q.unbind(1), k.unbind(1), v.unbind(1), g.unbind(1)):
+        o_t, state = gla_step(q_t, k_t, v_t, g_t, state, scale)
         outputs.append(o_t)
     if outputs:
         o = torch.stack(outputs, dim=1)  # [B, T, H, V]
@@ -101,14 +104,39 @@ def gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     """Chunkwise-parallel GLA, equal to `gla_recurrent` within the ("recurrence", dtype) tolerance.
 
     q, k, g: [B, T, H, K]; v: [B, T, H, V]; initial_state: [B, H, K, V] or None.
-    Inside, C = chunk_size, N = number of chunks, S = SUB_CHUNK, n = C // S sub-chunks per chunk:
-      per-chunk tensors are [B, H, N, C, D], sub-chunk views [B, H, N, n, S, D].
     Returns (o [B, T, H, V] in q's dtype, final_state [B, H, K, V] in the accumulation dtype, or None).
+    chunk_size: a multiple of 16 from 16 to 128 (AssayError otherwise); T need not be a multiple of it.
     """
     _check_chunk_size(chunk_size)
     batch, time, heads, key_dim, value_dim = _check_inputs(q, k, v, g, initial_state)
     scale = key_dim**-0.5 if scale is None else scale
     accum = _accumulation_dtype(q.dtype)
+    if initial_state is None:
+        state = torch.zeros(batch, heads, key_dim, value_dim, dtype=accum, device=q.device)
+    else:
+        state = initial_state.to(accum)
+    # Segments of whole chunks, the state carried between them: the intermediates of one segment stay
+    # in cache, which made 16K tokens 2.3x faster on this project's 2-core CPU than one pass over all of them.
+    segment = chunk_size * max(1, SEGMENT_TOKENS // chunk_size)
+    # split, not slicing: split's backward is one cat, each slice's would fill a whole-input zero tensor.
+    outputs = []
+    segments = zip(*(x.split(segment, dim=1) for x in (q, k, v, g))) if time else ()
+    for q_seg, k_seg, v_seg, g_seg in segments:
+        o_segment, state = _chunk_segment(q_seg, k_seg, v_seg, g_seg, state, scale, chunk_size)
+        outputs.append(o_segment)
+    o = torch.cat(outputs, dim=1) if outputs else q.new_zeros(batch, 0, heads, value_dim)
+    return o.to(q.dtype), (state if output_final_state else None)
+
+
+def _chunk_segment(q, k, v, g, state, scale, chunk_size):
+    """One segment: (o [B, T, H, V] in the accumulation dtype, state after it [B, H, K, V]).
+
+    q, k, g: [B, T, H, K]; v: [B, T, H, V]; state: [B, H, K, V] in the accumulation dtype.
+    Inside, C = chunk_size, N = number of chunks, S = SUB_CHUNK, n = C // S sub-chunks per chunk:
+      per-chunk tensors are [B, H, N, C, D], sub-chunk views [B, H, N, n, S, D].
+    """
+    batch, time, heads, _ = q.shape
+    value_dim = v.shape[-1]
     n_sub = chunk_size // SUB_CHUNK
     # Padding the end with k = v = q = 0 and g = 0 (no decay) leaves the state untouched through the
     # padded steps, so any T works and the final state is the one after token T.
@@ -116,7 +144,7 @@ def gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     n_chunks = (time + pad) // chunk_size
 
     def to_sub_chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, D] -> [B, H, N, n, S, D]
-        x = F.pad(x.to(accum).transpose(1, 2), (0, 0, 0, pad))
+        x = F.pad(x.to(state.dtype).transpose(1, 2), (0, 0, 0, pad))
         return x.reshape(batch, heads, n_chunks, n_sub, SUB_CHUNK, x.shape[-1])
 
     q_s = to_sub_chunks(q) * scale
@@ -142,50 +170,52 @@ def gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     chunk_updates = keys_to_end.transpose(-1, -2) @ v_c  # [B, H, N, K, V]
     chunk_decays = chunk_totals.exp().unsqueeze(-1)  # [B, H, N, K, 1]
 
-    if initial_state is None:
-        state = q_s.new_zeros(batch, heads, key_dim, value_dim)
-    else:
-        state = initial_state.to(accum)
+    # unbind, not indexing in the loop: the backward of one unbind is one stack, while each indexed
+    # slice's backward would write a zero tensor the size of the whole input (quadratic in N).
     states_before = []
-    for chunk in range(n_chunks):
+    for chunk_decay, chunk_update in zip(chunk_decays.unbind(2), chunk_updates.unbind(2)):
         states_before.append(state)
-        state = chunk_decays[:, :, chunk] * state + chunk_updates[:, :, chunk]
+        state = chunk_decay * state + chunk_update
     states_before = torch.stack(states_before, dim=2)  # [B, H, N, K, V]: state entering each chunk
 
     queries_from_start = (q_s * (before_sub.unsqueeze(-2) + within).exp()).flatten(-3, -2)  # [B, H, N, C, K]
     o_inter = queries_from_start @ states_before  # [B, H, N, C, V]
 
     o = (o_intra + o_inter).reshape(batch, heads, n_chunks * chunk_size, value_dim)[:, :, :time]
-    return o.transpose(1, 2).to(q.dtype), (state if output_final_state else None)
+    return o.transpose(1, 2), state
 
 
 def _intra_chunk_scores(q_s, k_s, within, after, through_sub, before_sub):
     """scores[i, j] = sum_k q_ik k_jk exp(decay from after j through i) for j <= i, else 0.
 
     q_s, k_s, within, after: [B, H, N, n, S, K]; through_sub, before_sub: [B, H, N, n, K].
-    Returns [B, H, N, C, C]. Every exp() argument is <= 0: masked entries are set to -inf before it.
+    Returns [B, H, N, C, C]. Every exp() argument is <= 0, and the entries above the diagonal
+    (j > i) are never computed: the loops below visit only the lower triangle, which halves the
+    elementwise work that dominates this function on CPU.
     """
     *lead, n_sub, sub, key_dim = q_s.shape
-    device = q_s.device
     chunk = n_sub * sub
 
-    # Diagonal blocks (query and key in one sub-chunk): the explicit [S, S, K] decay, in float32.
-    causal = torch.ones(sub, sub, dtype=torch.bool, device=device).tril()  # [S(i), S(j)]
-    diag_log_decay = (within.unsqueeze(-2) - within.unsqueeze(-3)).masked_fill(~causal.unsqueeze(-1), float("-inf"))
-    diag_scores = (q_s.unsqueeze(-2) * k_s.unsqueeze(-3) * diag_log_decay.exp()).sum(-1)  # [..., n, S, S]
+    # Diagonal blocks (query and key in one sub-chunk), one key position j at a time, rows i >= j:
+    # the explicit per-channel decay exp(within_i - within_j), in float32.
+    diag_columns = []
+    for j in range(sub):
+        log_decay = within[..., j:, :] - within[..., j : j + 1, :]  # [..., n, S - j, K]
+        column = (q_s[..., j:, :] * k_s[..., j : j + 1, :] * log_decay.exp()).sum(-1)  # [..., n, S - j]
+        diag_columns.append(F.pad(column, (j, 0)))
+    diag_scores = torch.stack(diag_columns, dim=-1)  # [..., n, S(i), S(j)]
 
     # Off-diagonal blocks (key in an earlier sub-chunk J < I): decays meet at the start of the query's
-    # sub-chunk I; the query carries the decay after it, each key the decay up to it.
-    queries_rel = q_s * within.exp()  # [..., n(I), S, K]
-    between = before_sub.unsqueeze(-2) - through_sub.unsqueeze(-3)  # [..., n(I), n(J), K]: sub-chunks strictly between
-    earlier = torch.ones(n_sub, n_sub, dtype=torch.bool, device=device).tril(-1)  # [n(I), n(J)]: J < I
-    key_log_decay = (after.unsqueeze(-4) + between.unsqueeze(-2)).masked_fill(
-        ~earlier[:, :, None, None], float("-inf")
-    )  # [..., n(I), n(J), S, K]
-    keys_rel = (k_s.unsqueeze(-4) * key_log_decay.exp()).flatten(-3, -2)  # [..., n(I), C, K]
-    off_scores = queries_rel @ keys_rel.transpose(-1, -2)  # [..., n(I), S, C]
-
-    # Place the diagonal blocks at (I, I) of the [n, S, n, S] grid.
-    block_eye = torch.eye(n_sub, dtype=q_s.dtype, device=device)[:, None, :, None]  # [n, 1, n, 1]
-    diag_grid = diag_scores.unsqueeze(-2) * block_eye  # [..., n, S, n, S]
-    return off_scores.reshape(*lead, chunk, chunk) + diag_grid.reshape(*lead, chunk, chunk)
+    # sub-chunk I; the query carries the decay after that point, each key the decay up to it.
+    queries_rel = q_s * within.exp()  # [..., n, S, K]
+    score_rows = []
+    for block in range(n_sub):
+        row_parts = []
+        if block:
+            between = (before_sub[..., block : block + 1, :] - through_sub[..., :block, :]).unsqueeze(-2)  # [..., I, 1, K]
+            keys_rel = (k_s[..., :block, :, :] * (after[..., :block, :, :] + between).exp()).flatten(-3, -2)  # [..., I*S, K]
+            row_parts.append(queries_rel[..., block, :, :] @ keys_rel.transpose(-1, -2))  # [..., S, I*S]
+        row_parts.append(diag_scores[..., block, :, :])
+        row = torch.cat(row_parts, dim=-1)  # [..., S, (I+1)*S]
+        score_rows.append(F.pad(row, (0, chunk - (block + 1) * sub)))
+    return torch.cat(score_rows, dim=-2)

@@ -12,6 +12,7 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -69,6 +70,7 @@ class SafetensorsStateDict(Mapping):
 
     def __init__(self, path: str | os.PathLike):
         self.folder = checkpoint_dir(path)
+        self._handles: dict[str, Any] = {}
         index_path = self.folder / INDEX_FILE
         single_path = self.folder / SINGLE_FILE
         if index_path.is_file():
@@ -94,11 +96,15 @@ class SafetensorsStateDict(Mapping):
 
     def __getitem__(self, key: str) -> torch.Tensor:
         filename = self.weight_map[key]  # KeyError for an absent key, as a Mapping must
-        with self._open(filename) as handle:
-            try:
-                return handle.get_tensor(key)
-            except SafetensorError as error:
-                raise AssayError(f"cannot read tensor {key} from {self.folder / filename}: {error}") from None
+        # One open handle per shard: a large MoE checkpoint has tens of thousands of per-expert
+        # tensors, and reopening parses the shard's header each time.
+        handle = self._handles.get(filename)
+        if handle is None:
+            handle = self._handles[filename] = self._open(filename)
+        try:
+            return handle.get_tensor(key)
+        except SafetensorError as error:
+            raise AssayError(f"cannot read tensor {key} from {self.folder / filename}: {error}") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.weight_map)

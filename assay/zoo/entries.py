@@ -73,6 +73,13 @@ def _qwen3():
     return Qwen3Config(**_common(tie_word_embeddings=True, head_dim=HEAD_DIM))
 
 
+def _qwen3_pretrained():
+    # Trained from the usual small init: the large INIT_RANGE that separates random logits slows training.
+    config = _qwen3()
+    config.initializer_range = 0.02
+    return config
+
+
 def _qwen3_moe():
     from transformers import Qwen3MoeConfig
 
@@ -215,7 +222,7 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("llama", "meta-llama/Llama-3.2-1B", TEXT, "LlamaForCausalLM", ("tied", "gqa"), _llama),
         ZooEntry("qwen2", "Qwen/Qwen2.5-0.5B", TEXT, "Qwen2ForCausalLM", ("tied", "gqa", "qkv_bias"), _qwen2),
         ZooEntry("qwen3", "Qwen/Qwen3-0.6B", TEXT, "Qwen3ForCausalLM", ("tied", "gqa", "qk_norm"), _qwen3),
-        ZooEntry("qwen3-pretrained", "Qwen/Qwen3-0.6B", TEXT, "Qwen3ForCausalLM", ("tied", "gqa", "qk_norm", "trained"), _qwen3, pretrain_steps=300),
+        ZooEntry("qwen3-pretrained", "Qwen/Qwen3-0.6B", TEXT, "Qwen3ForCausalLM", ("tied", "gqa", "qk_norm", "trained"), _qwen3_pretrained, pretrain_steps=300),
         ZooEntry("qwen3-moe", "Qwen/Qwen3-30B-A3B", TEXT, "Qwen3MoeForCausalLM", ("untied", "gqa", "qk_norm", "moe"), _qwen3_moe),
         ZooEntry("mistral", "mistralai/Mistral-7B-v0.1", TEXT, "MistralForCausalLM", ("untied", "gqa", "sliding_window"), _mistral),
         ZooEntry("mixtral", "mistralai/Mixtral-8x7B-v0.1", TEXT, "MixtralForCausalLM", ("untied", "gqa", "moe"), _mixtral),

@@ -30,8 +30,9 @@ from assay.models.qwen3.model import ParamCounts, Qwen3, count_parameters
 from assay.models.qwen3.state_dict_adapter import from_hf, to_hf
 
 # Sizes of the published Qwen3 checkpoints (their config.json), plus two tiny ones for tests.
+# The tiny ones have the zoo's sizes (vocabulary of its tokenizer, 1024) so they train on the zoo corpus.
 _QWEN3_VOCAB = 151936
-_TINY = Qwen3Args(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, max_seq_len=2048)
+_TINY = Qwen3Args(vocab_size=1024, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, max_seq_len=2048)
 _DENSE_0_6B = Qwen3Args(
     vocab_size=_QWEN3_VOCAB, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, hidden_dim=3072, tie_embeddings=True
 )

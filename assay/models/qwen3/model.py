@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from assay.core.errors import AssayError
 from assay.models.qwen3.args import Qwen3Args
 
 
@@ -231,7 +232,7 @@ class Qwen3(nn.Module):
         # tokens: [B, T] -> logits: [B, T, vocab]
         seq_len = tokens.shape[1]
         if seq_len > self.rope_cos.shape[0]:
-            raise ValueError(f"sequence of {seq_len} tokens exceeds max_seq_len={self.rope_cos.shape[0]}")
+            raise AssayError(f"a sequence of {seq_len} tokens exceeds the model's max_seq_len={self.rope_cos.shape[0]}")
         cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
         h = self.tok_embeddings(tokens)
         for block in self.layers:

@@ -1,0 +1,262 @@
+"""The Gradio app over a results folder: views, search and filters, a model's page, compare, failures, charts.
+
+Every callback is a thin adapter over assay.app.data. Safety: every text that comes from a result or
+the Hub (model names, errors, run.py, versions) reaches the page through a component that shows text
+(Textbox, Code, Dropdown, Dataframe with datatype "str"), never through HTML or Markdown; the one
+Markdown line per view is built from our own words and escaped anyway. The app is read-only: no
+upload component, uploads refused by middleware, events kept out of the API listing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import html
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no telemetry or version check calls from a server
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import gradio as gr  # noqa: E402
+
+from assay.app import charts  # noqa: E402
+from assay.app.catalog import Catalog  # noqa: E402
+from assay.app.data import (  # noqa: E402
+    ANY, DIFF_COLUMNS, GROUP_COLUMNS, LIST_COLUMNS, MODEL_COLUMNS, SELECTED, VIEWS, Filters, ResultsSource,
+    compare_stacks, failure_groups, filter_choices, list_view, model_names, model_page, per_model_costs, pass_rates,
+    result_detail, run_py_filename, status_summary,
+)
+from assay.core.errors import AssayError  # noqa: E402
+from assay.core.files import atomic_write_text  # noqa: E402
+
+PRIVATE = "private"  # api_visibility of every event: served to this page, not listed as an API
+UPLOAD_PATHS = ("/gradio_api/upload", "/upload")
+# System fonts: the default theme pulls Google Fonts, which an offline Space or machine cannot reach.
+THEME = gr.themes.Default(
+    font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"],
+    font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
+)
+CSS = ".assay-note p { margin: 0; }"
+
+
+class RefuseUploads:
+    """ASGI middleware: the app only reads; Gradio's generic upload route answers 403."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("path", "").rstrip("/").endswith(UPLOAD_PATHS):
+            await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"this app is read-only"})
+            return
+        await self.app(scope, receive, send)
+
+
+def launch_options(host: str | None = None, port: int | None = None) -> dict:
+    """Keyword arguments for Blocks.launch shared by `assay app` and an exported Space's app.py."""
+    from starlette.middleware import Middleware
+
+    return dict(
+        server_name=host, server_port=port, theme=THEME, css=CSS, footer_links=[], show_error=False, quiet=True,
+        ssr_mode=False, mcp_server=False, pwa=False, enable_monitoring=False, max_file_size=1,
+        app_kwargs={"middleware": [Middleware(RefuseUploads)]},
+    )
+
+
+def _note(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def _table(headers: list[str], label: str | None = None, **kwargs) -> gr.Dataframe:
+    return gr.Dataframe(
+        headers=headers, datatype="str", interactive=False, wrap=False, label=label, show_label=label is not None,
+        max_chars=120, buttons=["copy", "fullscreen"], **kwargs,
+    )
+
+
+@dataclass
+class _Controls:
+    view: gr.Radio
+    search: gr.Textbox
+    compiler: gr.Dropdown
+    transformers: gr.Dropdown
+    device: gr.Dropdown
+    status: gr.Dropdown
+    task: gr.Dropdown
+
+    def inputs(self) -> list:
+        return [self.view, self.search, self.compiler, self.transformers, self.device, self.status, self.task]
+
+
+def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
+    source = ResultsSource(folder)
+    downloads = Path(tempfile.mkdtemp(prefix="assay-app-"))
+    atexit.register(shutil.rmtree, downloads, True)
+    snapshot = source.snapshot()
+    choices = filter_choices(snapshot, catalog)
+    stacks = list(snapshot.stacks)
+
+    def listing(view, text, compiler, transformers, device, status, task):
+        filters = Filters(text or "", compiler or ANY, transformers or ANY, device or ANY, status or ANY, task or ANY)
+        result = list_view(source.snapshot(), catalog, view or SELECTED, filters)
+        return result.table, _note(result.note)
+
+    def refresh_choices():
+        current = filter_choices(source.snapshot(), catalog)
+        names = model_names(source.snapshot(), catalog)
+        stack_ids = list(source.snapshot().stacks)
+        return (
+            gr.Dropdown(choices=current.compilers), gr.Dropdown(choices=current.transformers),
+            gr.Dropdown(choices=current.devices), gr.Dropdown(choices=current.tasks), gr.Dropdown(choices=names),
+            gr.Dropdown(choices=stack_ids), gr.Dropdown(choices=stack_ids), gr.Dropdown(choices=current.stacks),
+            gr.Dropdown(choices=stack_ids),
+        )
+
+    def detail_outputs(page, label):
+        rows = {lbl: row for lbl, row in zip(page.labels, page.results)}
+        row = rows.get(label) if label in rows else (page.results[0] if page.results else None)
+        if row is None:
+            return ("not tested on any stack", "", "", "", "", gr.Dataframe(value=None), "", "",
+                    gr.DownloadButton(value=None, interactive=False))
+        detail = result_detail(row)
+        path = downloads / run_py_filename(row)
+        atomic_write_text(path, detail.run_py)
+        result_line = detail.result + (f": {detail.reason}" if detail.reason else "")
+        return (result_line, detail.error_line, detail.error, detail.stack_label, detail.command, detail.facts,
+                detail.versions, detail.run_py, gr.DownloadButton(value=str(path), interactive=bool(detail.run_py)))
+
+    def open_model(key, preferred=None):
+        if not key:
+            return ["", gr.Dataframe(value=None), gr.Dropdown(choices=[], value=None), "", "", "", "", "", gr.Dataframe(value=None),
+                    "", "", gr.DownloadButton(value=None, interactive=False)]
+        page = model_page(source.snapshot(), catalog, key)
+        entry = page.catalog_entry
+        about = (f"{key}: task {entry.task or '?'}, downloads {entry.downloads if entry.downloads is not None else '?'}, "
+                 f"likes {entry.likes if entry.likes is not None else '?'}") if entry else key
+        label = preferred if preferred in page.labels else (page.labels[0] if page.labels else None)
+        return [about, page.table, gr.Dropdown(choices=page.labels, value=label), *detail_outputs(page, label)]
+
+    def show_detail(key, label):
+        if not key:
+            return open_model(None)[3:]
+        return detail_outputs(model_page(source.snapshot(), catalog, key), label)
+
+    def pick_row(view, evt: gr.SelectData):
+        row = evt.row_value or []
+        values = dict(zip(LIST_COLUMNS, row))
+        key = values.get("model") or values.get("tested as")
+        preferred = f"{values.get('stack')} · {values.get('tested as')} · {values.get('dtype') or '-'}"
+        return [gr.Tabs(selected="model"), gr.Dropdown(value=key), *open_model(key, preferred)]
+
+    def compare(base, new):
+        if not base or not new:
+            return "Choose a base stack and a new stack.", None
+        try:
+            result = compare_stacks(source.folder, base, new)
+        except AssayError as exc:
+            return str(exc), None
+        return result.summary, result.table
+
+    def groups(stack, text):
+        result = failure_groups(source.snapshot(), Filters(text=text or "", stack=stack or ANY))
+        return result.table
+
+    def group_members(stack, text, evt: gr.SelectData):
+        values = dict(zip(GROUP_COLUMNS, evt.row_value or []))
+        result = failure_groups(source.snapshot(), Filters(text=text or "", stack=stack or ANY))
+        members = result.models.get(values.get("signature"), [])
+        return f"{values.get('signature', '')}\n\n" + "\n".join(members)
+
+    def stack_charts(stack):
+        costs = per_model_costs(source.snapshot(), stack)
+        return charts.compile_time_figure(costs, stack), charts.peak_memory_figure(costs, stack)
+
+    def all_charts(stack):
+        return (charts.pass_rate_figure(pass_rates(source.snapshot())), *stack_charts(stack))
+
+    legend = "; ".join(f"**{name}**: {html.escape(text)}" for name, text in status_summary().items())
+    initial = list_view(snapshot, catalog, SELECTED, Filters())
+
+    with gr.Blocks(title="assay results", analytics_enabled=False, fill_width=True) as demo:
+        gr.Markdown("## assay: which models run on which stack\nA result holds only for the stack that produced it. "
+                    "*Not tested* and *skipped* are not failures.")
+        with gr.Accordion("What the results mean", open=False):
+            gr.Markdown(legend)
+        with gr.Tabs() as tabs:
+            with gr.Tab("Models", id="models"):
+                with gr.Row():
+                    view = gr.Radio(list(VIEWS), value=SELECTED, label="view", scale=2, elem_id="view")
+                    search = gr.Textbox(label="search model name", placeholder="part of a model name", scale=2, elem_id="search")
+                with gr.Row():
+                    controls = _Controls(
+                        view, search,
+                        gr.Dropdown(choices.compilers, value=ANY, label="compiler", elem_id="filter-compiler"),
+                        gr.Dropdown(choices.transformers, value=ANY, label="transformers", elem_id="filter-transformers"),
+                        gr.Dropdown(choices.devices, value=ANY, label="device", elem_id="filter-device"),
+                        gr.Dropdown(choices.statuses, value=ANY, label="status", elem_id="filter-status"),
+                        gr.Dropdown(choices.tasks, value=ANY, label="task", elem_id="filter-task"),
+                    )
+                note = gr.Markdown(_note(initial.note), elem_id="listing-note", elem_classes="assay-note")
+                table = _table(LIST_COLUMNS, value=initial.table, elem_id="listing", max_height=620, pinned_columns=2)
+            with gr.Tab("Model", id="model"):
+                model_choice = gr.Dropdown(model_names(snapshot, catalog), value=None, label="model", filterable=True,
+                                           elem_id="model-choice")
+                about = gr.Textbox(label="catalog", interactive=False, elem_id="model-about")
+                per_stack = _table(MODEL_COLUMNS, label="result on each stack", elem_id="model-stacks")
+                result_choice = gr.Dropdown([], label="result to show", elem_id="result-choice")
+                with gr.Row():
+                    result_line = gr.Textbox(label="result", interactive=False, elem_id="result-line")
+                    error_line = gr.Textbox(label="error", interactive=False, elem_id="error-line")
+                with gr.Accordion("full traceback", open=False, elem_id="traceback-fold"):
+                    error_full = gr.Code(language=None, label="traceback", interactive=False, elem_id="traceback", buttons=["copy"])
+                stack_label = gr.Textbox(label="stack", interactive=False, elem_id="stack-label")
+                command = gr.Textbox(label="reproduce with", interactive=False, buttons=["copy"], elem_id="command")
+                with gr.Row():
+                    facts = _table(["what", "value"], label="timings, memory, devices", elem_id="facts", scale=1)
+                    with gr.Column(scale=1):
+                        with gr.Accordion("versions of the whole stack", open=False):
+                            versions = gr.Code(language="json", label="versions", interactive=False, elem_id="versions")
+                run_py = gr.Code(language="python", label="run.py", interactive=False, buttons=["copy", "download"], elem_id="run-py")
+                download = gr.DownloadButton("Download run.py", interactive=False, elem_id="download-run-py")
+            with gr.Tab("Compare stacks", id="compare"):
+                with gr.Row():
+                    base = gr.Dropdown(stacks, value=stacks[0] if len(stacks) > 1 else None, label="base stack", elem_id="base")
+                    new = gr.Dropdown(stacks, value=stacks[1] if len(stacks) > 1 else None, label="new stack", elem_id="new")
+                    compare_button = gr.Button("Compare", elem_id="compare-button", scale=0)
+                summary = gr.Textbox(label="summary", interactive=False, elem_id="compare-summary")
+                diff_table = _table(DIFF_COLUMNS, label="per model, regressions first", elem_id="diff", max_height=560)
+            with gr.Tab("Failures", id="failures"):
+                with gr.Row():
+                    group_stack = gr.Dropdown(choices.stacks, value=ANY, label="stack", elem_id="group-stack")
+                    group_search = gr.Textbox(label="search model name", elem_id="group-search")
+                group_table = _table(GROUP_COLUMNS, label="failures grouped by error signature", elem_id="groups",
+                                     value=failure_groups(snapshot, Filters()).table, max_height=520)
+                members = gr.Textbox(label="models in the chosen group", lines=6, interactive=False, elem_id="group-members")
+            with gr.Tab("Charts", id="charts"):
+                pass_plot = gr.Plot(label="pass rate per stack", format="png")
+                chart_stack = gr.Dropdown(stacks, value=stacks[0] if stacks else None, label="stack for the per-model charts")
+                with gr.Row():
+                    compile_plot = gr.Plot(label="compile time per model", format="png")
+                    memory_plot = gr.Plot(label="peak memory per model", format="png")
+
+        detail_components = [result_line, error_line, error_full, stack_label, command, facts, versions, run_py, download]
+        model_components = [about, per_stack, result_choice, *detail_components]
+        events = dict(api_visibility=PRIVATE, trigger_mode="always_last", show_progress="hidden")
+        for control in controls.inputs():
+            (control.input if control is search else control.change)(listing, controls.inputs(), [table, note], **events)
+        table.select(pick_row, [view], [tabs, model_choice, *model_components], api_visibility=PRIVATE)
+        model_choice.input(open_model, [model_choice], model_components, **events)
+        result_choice.input(show_detail, [model_choice, result_choice], detail_components, **events)
+        compare_button.click(compare, [base, new], [summary, diff_table], api_visibility=PRIVATE)
+        group_stack.change(groups, [group_stack, group_search], [group_table], **events)
+        group_search.input(groups, [group_stack, group_search], [group_table], **events)
+        group_table.select(group_members, [group_stack, group_search], [members], api_visibility=PRIVATE)
+        chart_stack.change(stack_charts, [chart_stack], [compile_plot, memory_plot], **events)
+        demo.load(refresh_choices, None, [controls.compiler, controls.transformers, controls.device, controls.task, model_choice,
+                                          base, new, group_stack, chart_stack], api_visibility=PRIVATE)
+        demo.load(all_charts, [chart_stack], [pass_plot, compile_plot, memory_plot], api_visibility=PRIVATE)
+    return demo

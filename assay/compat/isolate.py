@@ -1,0 +1,104 @@
+"""Run one probe in its own process: a hang, a segfault, an OOM kill or an exception there is a row here.
+
+The parent lays out the row (plan_probe) before starting the child, so even a child that dies
+without a word leaves a row with the model, the stack, the run.py and the reason it died.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from assay.compat.probe import ProbePlan, ProbeRequest
+
+STDERR_TAIL = 4000
+
+
+def _says_out_of_memory(stderr_tail: str) -> bool:
+    from assay.compat.probe import OOM_MESSAGES
+
+    text = stderr_tail.lower()
+    return "memoryerror" in text or "memory allocation" in text or any(m in text for m in OOM_MESSAGES)
+
+
+def _child_setup(limit_bytes: int | None):
+    def apply() -> None:
+        import ctypes
+        import resource
+
+        # Die with the parent: a sweep killed with SIGKILL must not leave probes running on.
+        # (PR_SET_PDEATHSIG = 1; Linux only, and harmless to skip elsewhere.)
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        except OSError:
+            pass
+        if limit_bytes:
+            # Address-space limit: an allocation past it raises MemoryError in the child (recorded as
+            # OOM) instead of waking the kernel's OOM killer, which would take other work with it.
+            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    return apply
+
+
+def run_isolated(
+    plan: ProbePlan,
+    timeout: float | None,
+    memory_limit_bytes: int | None = None,
+    env: dict | None = None,
+    command: list[str] | None = None,
+) -> dict:
+    """Run the probe of `plan` in a child process and return its row, whatever happened to the child.
+
+    command: the child's argv before the two file arguments (default: the probe worker); tests pass a
+    script that misbehaves on purpose.
+    """
+    row = dict(plan.row)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="assay-probe-") as scratch:
+        request_file = Path(scratch) / "request.json"
+        result_file = Path(scratch) / "row.json"
+        request_file.write_text(json.dumps(asdict(plan.request)))
+        argv = (command or [sys.executable, "-m", "assay.compat.worker"]) + [str(request_file), str(result_file)]
+        child_env = os.environ.copy() | (env or {})
+        with open(Path(scratch) / "stderr.txt", "w+b") as stderr:
+            process = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=stderr, env=child_env, start_new_session=True,
+                preexec_fn=_child_setup(memory_limit_bytes),
+            )
+            try:
+                returncode = process.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                # The whole process group: a probe that started its own workers takes them along.
+                os.killpg(process.pid, signal.SIGKILL)
+                returncode = process.wait()
+                timed_out = True
+            stderr.seek(0)
+            stderr_tail = stderr.read().decode("utf-8", "replace")[-STDERR_TAIL:]
+        if timed_out:
+            row.update(status="TIMEOUT", reason=f"killed after the {timeout:g} s time limit", error=stderr_tail or None)
+        elif result_file.exists():
+            row = json.loads(result_file.read_text())
+        elif returncode < 0:
+            name = signal.Signals(-returncode).name
+            hint = " (the kernel's out-of-memory killer, or killed from outside)" if name == "SIGKILL" else ""
+            status = "OOM" if _says_out_of_memory(stderr_tail) else "CRASH"
+            row.update(status=status, reason=f"probe process killed by {name}{hint}", error=stderr_tail or None)
+        else:
+            last_line = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
+            status = "OOM" if _says_out_of_memory(stderr_tail) else "CRASH"
+            row.update(status=status, reason=f"probe process exited with code {returncode} without a result: {last_line[:300]}", error=stderr_tail or None)
+    if row.get("status") in ("TIMEOUT", "CRASH", "OOM") and row.get("total_s") is None:
+        row["total_s"] = time.perf_counter() - started
+    return row
+
+
+def request_from_json(path: str | Path) -> ProbeRequest:
+    return ProbeRequest(**json.loads(Path(path).read_text()))

@@ -1,0 +1,68 @@
+"""The sweep's live display: done / failed / running / ETA, on stderr so stdout stays for results."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from assay.compat.schema import FAILURES
+
+
+class SweepProgress:
+    def __init__(self, total: int, enabled: bool = True):
+        self.total = total
+        self.enabled = enabled and total > 0
+        self.done = 0
+        self.failed = 0
+        self.running: set[str] = set()
+        self.started_at = time.perf_counter()
+        self._lock = threading.Lock()
+        self._live = None
+
+    def __enter__(self) -> "SweepProgress":
+        if self.enabled:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(self._render(), console=Console(file=sys.stderr), refresh_per_second=2, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.__exit__(*exc)
+
+    def started(self, model: str) -> None:
+        with self._lock:
+            self.running.add(model)
+        self._refresh()
+
+    def finished(self, row: dict) -> None:
+        with self._lock:
+            self.running.discard(row["model"])
+            self.done += 1
+            self.failed += row["status"] in FAILURES
+        self._refresh()
+
+    def eta_s(self) -> float | None:
+        if not self.done:
+            return None
+        elapsed = time.perf_counter() - self.started_at
+        return elapsed / self.done * (self.total - self.done)
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def _render(self):
+        from rich.text import Text
+
+        eta = self.eta_s()
+        eta_text = "-" if eta is None else f"{eta:.0f} s"
+        running = ", ".join(sorted(self.running)[:4]) + (" ..." if len(self.running) > 4 else "")
+        return Text(
+            f"sweep: {self.done}/{self.total} done, {self.failed} failed, {len(self.running)} running "
+            f"[{running}], elapsed {time.perf_counter() - self.started_at:.0f} s, ETA {eta_text}"
+        )

@@ -1,0 +1,141 @@
+"""`assay sweep`: the probe over many models, each in its own process; resumable, parallel, sharded.
+
+Rows are written by this process only, one at a time, each atomically: a sweep killed at any moment
+(SIGKILL included) keeps every finished row, and its next run skips them (--force redoes them).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from assay.compat.dataset import init_results, recorded_keys, write_row
+from assay.compat.isolate import run_isolated
+from assay.compat.placement import DevicePool, child_env, devices_needed
+from assay.compat.probe import ProbePlan, ProbeRequest, plan_probe
+from assay.compat.schema import FAILURES, ROW_KEY
+from assay.core.device import device_count, total_memory_bytes
+from assay.core.errors import AssayError
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    models: list[str]
+    out: Path
+    probe: ProbeRequest = field(default_factory=lambda: ProbeRequest(model=""))  # options applied to each model
+    workers: int = 1
+    timeout: float = 600.0
+    memory_limit_bytes: int | None = None
+    force: bool = False
+    executor: str = "local"  # "local" or "ray"
+    cache_dir: Path | None = None  # compile caches for the probes (default: torch's own folder)
+    max_devices: int = 1
+    devices: int | None = None  # force this many devices per probe
+    device_memory_bytes: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class SweepOutcome:
+    rows: list[dict]
+    skipped_existing: list[str]
+    wall_s: float
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+        return counts
+
+
+def plan_sweep(request: SweepRequest) -> tuple[list[ProbePlan], list[str]]:
+    """Plans for the models still to probe, and the models skipped as already recorded."""
+    if request.workers < 1:
+        raise AssayError("--workers must be at least 1")
+    if request.timeout <= 0:
+        raise AssayError("--timeout must be positive")
+    init_results(request.out)
+    plans, already = [], []
+    recorded: dict[str, set] = {}
+    for model in request.models:
+        plan = plan_probe(replace(request.probe, model=model))
+        stack_id = plan.row["stack_id"]
+        if stack_id not in recorded:
+            recorded[stack_id] = recorded_keys(request.out, stack_id)
+        key = tuple(plan.row[k] for k in ROW_KEY)
+        if key in recorded[stack_id] and not request.force:
+            already.append(plan.row["model"])
+            continue
+        plans.append(plan)
+    return plans, already
+
+
+def _devices_for(plan: ProbePlan, request: SweepRequest, per_device_memory: int) -> int:
+    if request.devices:
+        return request.devices
+    return devices_needed(plan.ref.load_path, plan.request.dtype, per_device_memory, request.max_devices)
+
+
+def run_sweep(request: SweepRequest) -> SweepOutcome:
+    started = time.perf_counter()
+    plans, already = plan_sweep(request)
+    device_type = plans[0].device.type if plans else "cpu"
+    pool_size = max(device_count(device_type), 1)
+    per_device_memory = request.device_memory_bytes or (
+        total_memory_bytes(device_type) // max(request.workers, 1) if device_type == "cpu" else total_memory_bytes(device_type)
+    )
+    needs = {id(plan): _devices_for(plan, request, per_device_memory) for plan in plans}
+    cores = os.cpu_count() or 1
+    cache = {}
+    if request.cache_dir is not None:
+        from assay.core.compile_cache import cache_env
+
+        cache = cache_env(request.cache_dir)
+
+    from assay.compat.progress import SweepProgress
+
+    rows: list[dict] = []
+    with SweepProgress(len(plans), enabled=request.progress) as progress:
+        if request.executor == "ray":
+            from assay.compat.ray_executor import run_on_ray
+
+            for row in run_on_ray(plans, needs, request, cache, progress):
+                write_row(request.out, row)
+                rows.append(row)
+                progress.finished(row)
+        elif request.executor == "local":
+            # CPU: slots rather than devices (cores are shared out by thread counts); a probe that needs
+            # k slots waits until k are free, so a sharded probe never runs beside others on 2 cores.
+            slots = max(request.workers, max(needs.values(), default=1)) if device_type == "cpu" else pool_size
+            pool = DevicePool(slots)
+            threads_each = max(1, cores // request.workers)
+
+            def run_one(plan: ProbePlan) -> dict:
+                indices = pool.acquire(needs[id(plan)])
+                try:
+                    progress.started(plan.row["model"])
+                    env = child_env(device_type, indices, threads_each) | cache
+                    return run_isolated(plan, timeout=request.timeout, memory_limit_bytes=request.memory_limit_bytes, env=env)
+                finally:
+                    pool.release(indices)
+
+            with ThreadPoolExecutor(max_workers=request.workers) as executor:
+                pending: set[Future] = {executor.submit(run_one, plan) for plan in plans}
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        row = future.result()
+                        write_row(request.out, row)  # only this thread writes: one row at a time
+                        rows.append(row)
+                        progress.finished(row)
+        else:
+            raise AssayError(f"unknown executor {request.executor!r} (local or ray)")
+    return SweepOutcome(rows, already, time.perf_counter() - started)
+
+
+def is_failure(row: dict) -> bool:
+    return row["status"] in FAILURES

@@ -1,0 +1,36 @@
+"""The probe's child process: `python -m assay.compat.worker REQUEST.json ROW.json`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from assay.core.plugins import load_plugins
+
+    load_plugins()
+    from assay.compat.isolate import request_from_json
+    from assay.compat.probe import probe
+    from assay.core.files import atomic_write_json
+
+    from assay.core.compile_cache import cache_dir_from_env, load_mega_cache, save_mega_cache
+
+    request_path, row_path = argv
+    request = request_from_json(request_path)
+    # A sweep with a compile-cache folder: reuse this model's portable artifacts, then save them anew.
+    cache_dir = cache_dir_from_env()
+    cache_key = f"{request.model}|{request.backend}|{request.dtype}|{request.device}"
+    if cache_dir is not None:
+        load_mega_cache(cache_dir, cache_key)
+    row = probe(request)
+    if cache_dir is not None and row.get("graphs"):
+        save_mega_cache(cache_dir, cache_key)
+    atomic_write_json(row_path, row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

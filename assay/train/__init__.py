@@ -1,0 +1,37 @@
+"""The trainer: one loop for every model path (hf, native, native with kernels), its data, its
+distributed layout (FSDP2 x TP on one DeviceMesh), DCP checkpoints and Hugging Face export.
+
+    from assay.train import TrainRequest, train
+    result = train(TrainRequest(model="zoo/qwen3", path="native", steps=10))
+
+Names load on first use: `assay --help` imports assay.train.commands without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "DataSpec": "assay.train.data",
+    "PackedBatches": "assay.train.data",
+    "FAMILIES": "assay.train.families",
+    "FlopShape": "assay.train.families",
+    "ModelFamily": "assay.train.families",
+    "family_for": "assay.train.families",
+    "register_family": "assay.train.families",
+    "OptimConfig": "assay.train.optimization",
+    "plot_metrics": "assay.train.plot",
+    "CheckInit": "assay.train.trainer",
+    "TrainingDiverged": "assay.train.trainer",
+    "TrainRequest": "assay.train.trainer",
+    "TrainResult": "assay.train.trainer",
+    "train": "assay.train.trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'assay.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,0 +1,376 @@
+"""One trainer for every model path: next-token cross entropy, AdamW with warmup + cosine, the same
+data and the same per-step metrics, on one process or a torchrun job (FSDP2 x TP on one DeviceMesh).
+
+    result = train(TrainRequest(model="zoo/qwen3", path="native", steps=10, metrics=Path("run.jsonl")))
+
+Order of a run: load the model (path) -> --check-init -> kernels -> parallelize -> compile blocks ->
+optimizer -> resume -> steps (checkpoint every N) -> export. A NaN/inf loss or gradient norm stops
+the run before the optimizer applies it (TrainingDiverged), so every checkpoint holds finite weights.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from assay.core.device import device_name, memory_in_use_bytes, resolve_device
+from assay.core.errors import AssayError
+from assay.core.metrics import JsonlWriter, StepTimer, lookup_peak_flops, measure_peak_flops, mfu, read_jsonl, train_flops_per_token
+from assay.train import checkpoint as checkpoints
+from assay.train import distributed
+from assay.train.data import DataSpec, PackedBatches, load_texts, load_tokenizer, tokenize
+from assay.train.model_paths import ModelChoice, TrainModel, apply_kernel_registry, load_model
+from assay.train.optimization import OptimConfig, build_optimizer, clip_grad_norm
+from assay.train.records import phase_mfu, phase_tokens_per_s, steady_records, warmup_records
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# --check-init: loaded weights count as loaded when their first-step loss is at most this fraction of
+# the lower of (random-init loss, ln(vocab)). Untrained weights sit at or above ln(vocab); the guide's
+# published Qwen3 scored 6.54 against 12.43 random / 11.93 ln(vocab), i.e. 0.55 of it.
+LOADED_LOSS_RATIO = 0.8
+
+
+class TrainingDiverged(Exception):
+    """The loss or gradient norm became NaN/inf: the run stopped (exit 1), the last good checkpoint kept."""
+
+    def __init__(self, message: str, step: int, last_checkpoint: Path | None):
+        super().__init__(message)
+        self.step = step
+        self.last_checkpoint = last_checkpoint
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    model: str
+    path: str = "native"
+    flavour: str | None = None
+    spec: str | None = None
+    slice_experts: bool = False
+    kernels: tuple[str, ...] | None = None
+    kernels_filter: str | None = None
+    kernels_dry_run: bool = False
+    steps: int = 10
+    batch: int = 4  # global batch (sequences per step over all data-parallel ranks)
+    seq_len: int = 128
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 0
+    data: DataSpec = field(default_factory=DataSpec)
+    device: str = "cpu"
+    dtype: str = "float32"
+    compile: bool = False
+    backend: str = "inductor"
+    dp_shard: int | None = None
+    tp: int = 1
+    metrics: Path | None = None
+    export_hf: Path | None = None
+    check_init: bool = False
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0  # 0: only at the end (when --checkpoint-dir is given)
+    keep_checkpoints: int = 2
+    resume: bool = False
+    peak_flops: str = "auto"  # "auto" (table by device name), "measure", or FLOP/s as a number
+    timing_warmup_steps: int = 1
+    progress: bool = False
+
+    def run_fingerprint(self) -> dict:
+        """What must match for --resume to continue this run exactly (--steps may change: a longer run)."""
+        return {
+            "model": str(Path(self.model).resolve()), "path": self.path, "flavour": self.flavour, "spec": self.spec,
+            "slice_experts": self.slice_experts, "batch": self.batch, "seq_len": self.seq_len, "optim": asdict(self.optim),
+            "seed": self.seed, "data": asdict(self.data), "dtype": self.dtype, "kernels": list(self.kernels or []),
+            "kernels_filter": self.kernels_filter,
+        }
+
+
+@dataclass(frozen=True)
+class CheckInit:
+    loaded_loss: float
+    random_loss: float
+    ln_vocab: float
+    weights_loaded: bool
+    verdict: str
+
+
+@dataclass
+class TrainResult:
+    records: list[dict]
+    summary: dict
+    check_init: CheckInit | None = None
+    kernels: Any = None
+    exported: Path | None = None
+    last_checkpoint: Path | None = None
+    model: Any = field(default=None, repr=False)  # the trained TrainModel (in-process callers, tests)
+
+    @property
+    def losses(self) -> list[float]:
+        return [record["loss"] for record in self.records]
+
+    def as_dict(self) -> dict:
+        return {
+            "summary": self.summary,
+            "check_init": asdict(self.check_init) if self.check_init else None,
+            "kernels": self.kernels,
+            "exported": str(self.exported) if self.exported else None,
+            "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            "records": self.records,
+        }
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise AssayError(f"unknown --dtype {name!r} (one of {', '.join(DTYPES)})") from None
+
+
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over every position, in float32. logits: [B, T, V]; labels: [B, T]."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+def check_init(loaded: TrainModel, inputs: torch.Tensor, labels: torch.Tensor, layout: distributed.Layout, seed: int) -> CheckInit:
+    """First-step loss of the loaded weights vs a random init of the same architecture vs ln(vocab)."""
+    if not loaded.has_checkpoint_weights:
+        raise AssayError("--check-init compares the checkpoint's weights with random ones; a --flavour model has none")
+    twin = loaded.random_twin(seed)
+    with torch.no_grad():
+        loaded_loss = float(distributed.mean_over_ranks(next_token_loss(loaded.logits(inputs), labels), layout))
+        random_loss = float(distributed.mean_over_ranks(next_token_loss(twin.logits(inputs), labels), layout))
+    del twin
+    ln_vocab = math.log(loaded.vocab_size)
+    threshold = LOADED_LOSS_RATIO * min(random_loss, ln_vocab)
+    weights_loaded = loaded_loss <= threshold
+    if weights_loaded:
+        verdict = (
+            f"weights loaded: first-step loss {loaded_loss:.3f} is far below random init {random_loss:.3f} "
+            f"and ln(vocab) {ln_vocab:.3f}"
+        )
+    else:
+        verdict = (
+            f"weights NOT loaded (or untrained): first-step loss {loaded_loss:.3f} is not clearly below random init "
+            f"{random_loss:.3f} / ln(vocab) {ln_vocab:.3f} (needs <= {threshold:.3f})"
+        )
+    return CheckInit(loaded_loss, random_loss, ln_vocab, weights_loaded, verdict)
+
+
+def _peak_flops(setting: str, device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+    if setting == "auto":
+        peak = lookup_peak_flops(device_name(device), dtype)
+        return peak, "table" if peak else "none (no table entry for this device; --peak-flops measure)"
+    if setting == "measure":
+        return measure_peak_flops(device, dtype), "measured matmul"
+    try:
+        return float(setting), "given"
+    except ValueError:
+        raise AssayError(f"--peak-flops {setting!r}: expected auto, measure or a number of FLOP/s") from None
+
+
+def _validate(request: TrainRequest) -> None:
+    if request.steps < 0:
+        raise AssayError(f"--steps must be >= 0 (got {request.steps})")
+    if request.checkpoint_every < 0:
+        raise AssayError("--checkpoint-every must be >= 0")
+    if request.checkpoint_every and request.checkpoint_dir is None:
+        raise AssayError("--checkpoint-every needs --checkpoint-dir")
+    if request.resume and request.checkpoint_dir is None:
+        raise AssayError("--resume needs --checkpoint-dir")
+    if request.timing_warmup_steps < 0:
+        raise AssayError("--timing-warmup must be >= 0")
+
+
+def train(request: TrainRequest) -> TrainResult:
+    """Run (or resume) one training job on this process's rank; returns what rank 0 should report."""
+    _validate(request)
+    dtype = resolve_dtype(request.dtype)
+    device = resolve_device(request.device)
+    world_size, _, local_rank = distributed.launched_world()
+    choice = ModelChoice(request.model, request.path, request.flavour, request.spec, request.slice_experts, request.seed)
+    torch.manual_seed(request.seed)
+    device = distributed.place_device(device, local_rank, world_size)
+    loaded = load_model(choice, device, dtype)
+    # Bad degrees are usage errors: reported before any process group exists, the same on every rank.
+    loaded.check_parallel(request.tp)
+    dp_shard, tp = distributed.plan_layout(request.dp_shard, request.tp, world_size)
+    layout = distributed.setup(device, dp_shard, tp)
+    try:
+        return _train(request, loaded, layout, device, dtype)
+    finally:
+        distributed.teardown(layout)
+
+
+def _train(request: TrainRequest, loaded: TrainModel, layout: distributed.Layout, device: torch.device, dtype: torch.dtype) -> TrainResult:
+    tokenizer = load_tokenizer(loaded.checkpoint)
+    tokens = tokenize(load_texts(request.data), tokenizer, loaded.vocab_size)
+    batches = PackedBatches(tokens, request.seq_len, request.batch, request.seed, layout.dp_rank, layout.dp_shard)
+    first_inputs, first_labels = batches.batch_for(0)
+
+    init_check = None
+    if request.check_init:
+        init_check = check_init(loaded, first_inputs.to(device), first_labels.to(device), layout, request.seed)
+        if not init_check.weights_loaded:
+            return TrainResult([], {"stopped": "check-init: weights not loaded"}, check_init=init_check, model=loaded)
+
+    kernels = None
+    if request.kernels is not None or request.kernels_filter is not None or request.kernels_dry_run:
+        if loaded.path != "native":
+            raise AssayError("--kernels replaces modules of the native model; use it with --path native")
+        kernels = apply_kernel_registry(loaded.model, list(request.kernels) if request.kernels else None, request.kernels_filter, request.kernels_dry_run)
+        if request.kernels_dry_run:
+            return TrainResult([], {"stopped": "kernels dry run"}, check_init=init_check, kernels=kernels, model=loaded)
+
+    if layout.distributed:
+        loaded.parallelize(layout.mesh, tp=layout.tp > 1, dp_shard=layout.dp_shard > 1)
+
+    compile_stats = None
+    if request.compile:
+        from assay.core.compiling import CompileStats, compile_modules
+
+        compile_stats = CompileStats()
+        # Per block, not the whole model: every layer reuses one graph, and FSDP's per-block
+        # hooks stay outside the compiled region.
+        compile_modules(loaded.blocks(), request.backend, compile_stats)
+
+    optimizer, scheduler = build_optimizer(loaded.model, request.optim, request.steps)
+    start_step = 0
+    last_checkpoint: Path | None = None
+    fingerprint = request.run_fingerprint()
+    if request.resume:
+        last_checkpoint = checkpoints.resume_point(request.checkpoint_dir, layout)
+        saved = checkpoints.load_checkpoint(last_checkpoint, loaded.model, optimizer, layout)
+        _check_same_run(saved.get("run", {}), fingerprint, last_checkpoint)
+        start_step = int(saved["step"])
+        scheduler.load_state_dict(saved["scheduler"])
+        if start_step >= request.steps:
+            raise AssayError(f"{last_checkpoint} is at step {start_step}; --steps {request.steps} leaves nothing to train")
+
+    flop_shape = loaded.flop_shape
+    flops_per_token = train_flops_per_token(flop_shape.active_matmul_params, flop_shape.n_layers, flop_shape.attention_width, request.seq_len)
+    peak_flops, peak_source = _peak_flops(request.peak_flops, device, dtype) if layout.is_main else (None, "")
+    writer = _metrics_writer(request.metrics, start_step) if layout.is_main else JsonlWriter(None)
+
+    timer = StepTimer(device, warmup_steps=request.timing_warmup_steps)
+    tokens_per_step = request.batch * request.seq_len
+    records: list[dict] = []
+    loaded.model.train()
+
+    from assay.core.compiling import watch
+    from assay.core.progress import progress_bar
+
+    with progress_bar(f"train {loaded.path}", total=request.steps - start_step, enabled=request.progress and layout.is_main) as advance:
+        with watch(compile_stats) if compile_stats is not None else _nothing():
+            for step in range(start_step, request.steps):
+                timer.start()
+                inputs, labels = batches.batch_for(step)
+                loss = next_token_loss(loaded.logits(inputs.to(device)), labels.to(device))
+                loss.backward()
+                grad_norm = clip_grad_norm(loaded.model.parameters(), request.optim.grad_clip)
+                global_loss = float(distributed.mean_over_ranks(loss.detach(), layout))
+                lr = scheduler.get_last_lr()[0]
+                if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
+                    timer.stop()
+                    what = f"loss is {global_loss}" if not math.isfinite(global_loss) else f"gradient norm is {grad_norm}"
+                    writer.write({"step": step + 1, "loss": None, "grad_norm": None, "lr": lr, "stopped": what})
+                    kept = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else "no checkpoint was written"
+                    raise TrainingDiverged(f"{what} at step {step + 1}: training stopped; {kept}", step + 1, last_checkpoint)
+                optimizer.step()
+                scheduler.step()
+                memory_bytes = memory_in_use_bytes(device)
+                optimizer.zero_grad(set_to_none=True)
+                step_s = timer.stop()
+                tokens_per_s = tokens_per_step / step_s
+                record = {
+                    "step": step + 1, "loss": global_loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens_per_step,
+                    "tokens_seen": batches.tokens_consumed(step + 1), "step_s": step_s, "tokens_per_s": tokens_per_s,
+                    "mfu": mfu(tokens_per_s, flops_per_token, peak_flops * layout.world_size if peak_flops else None),
+                    "memory_bytes": memory_bytes, "warmup": timer.last_is_warmup,
+                }
+                records.append(record)
+                writer.write(record)
+                advance(f"loss {global_loss:.4f}  {tokens_per_s:,.0f} tok/s")
+                done = step + 1
+                if request.checkpoint_dir is not None and (
+                    (request.checkpoint_every and done % request.checkpoint_every == 0) or done == request.steps
+                ):
+                    state = {"run": fingerprint, "scheduler": scheduler.state_dict(), "tokens_seen": batches.tokens_consumed(done)}
+                    last_checkpoint = checkpoints.save_checkpoint(
+                        request.checkpoint_dir, done, loaded.model, optimizer, state, layout, keep=request.keep_checkpoints
+                    )
+
+    exported = None
+    if request.export_hf is not None:
+        exported = _export(loaded, request.export_hf, layout)
+
+    summary = _summary(request, loaded, layout, records, flops_per_token, peak_flops, peak_source, compile_stats)
+    summary |= {"checkpoint": str(last_checkpoint) if last_checkpoint else None, "exported": str(exported) if exported else None}
+    return TrainResult(records, summary, check_init=init_check, kernels=kernels, exported=exported, last_checkpoint=last_checkpoint, model=loaded)
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _metrics_writer(path: Path | None, start_step: int) -> JsonlWriter:
+    """A fresh file, or on resume the earlier run's lines up to the resumed step (later ones are redone)."""
+    if path is None or start_step == 0 or not Path(path).is_file():
+        return JsonlWriter(path, truncate=True)
+    from assay.core.files import atomic_write_text
+    import json
+
+    kept = [record for record in read_jsonl(path) if record.get("step", 0) <= start_step]
+    atomic_write_text(path, "".join(json.dumps(record) + "\n" for record in kept))
+    return JsonlWriter(path, truncate=False)
+
+
+def _check_same_run(saved: dict, current: dict, where: Path) -> None:
+    differences = [f"{key}: {saved.get(key)!r} -> {current[key]!r}" for key in current if saved.get(key) != current[key]]
+    if differences:
+        raise AssayError(f"--resume: {where} was written by a different run ({'; '.join(differences)})")
+
+
+def _export(loaded: TrainModel, out_dir: Path, layout: distributed.Layout) -> Path | None:
+    """Gather the full weights (a collective under FSDP/TP) and write them from rank 0."""
+    if layout.distributed:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(loaded.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        state = {key: tensor.detach() for key, tensor in loaded.model.state_dict().items()}
+    if layout.is_main:
+        loaded.export(Path(out_dir), state)
+    distributed.barrier(layout)
+    return Path(out_dir)
+
+
+def _summary(request, loaded, layout, records, flops_per_token, peak_flops, peak_source, compile_stats) -> dict:
+    warm, steady = warmup_records(records), steady_records(records)
+    total_params = sum(p.numel() for p in loaded.model.parameters())  # a DTensor counts its global size
+    return {
+        "model": request.model, **loaded.describe(), "device": str(loaded_device(loaded)), "device_name": device_name(loaded_device(loaded)),
+        "dtype": request.dtype, "world_size": layout.world_size, "dp_shard": layout.dp_shard, "tp": layout.tp,
+        "batch": request.batch, "seq_len": request.seq_len, "steps_run": len(records),
+        "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
+        "first_loss": records[0]["loss"] if records else None, "final_loss": records[-1]["loss"] if records else None,
+        "warmup_steps": len(warm), "warmup_s": sum(r["step_s"] for r in warm), "warmup_tokens_per_s": phase_tokens_per_s(warm),
+        "steady_steps": len(steady), "steady_step_s_mean": statistics.fmean(r["step_s"] for r in steady) if steady else None,
+        "steady_tokens_per_s": phase_tokens_per_s(steady), "steady_mfu": phase_mfu(steady),
+        "peak_memory_bytes": max((r["memory_bytes"] for r in records), default=None),
+        "params_total": total_params, "active_matmul_params": loaded.flop_shape.active_matmul_params,
+        "flops_per_token": flops_per_token, "peak_flops": peak_flops, "peak_flops_source": peak_source,
+        "compile": compile_stats.as_dict() | {"backend": request.backend} if compile_stats else None,
+    }
+
+
+def loaded_device(loaded: TrainModel) -> torch.device:
+    parameter = next(loaded.model.parameters())
+    return getattr(parameter, "device", torch.device("cpu"))

@@ -1,0 +1,115 @@
+"""The app in a real browser: headless Chromium (Debian's) driven by Playwright against `assay app` on loopback.
+
+Gradio's table cells are virtualised: rows are waited for as attached, not visible.
+"""
+
+from __future__ import annotations
+
+from app.builders import NEW, OLD, XSS_ERROR, XSS_MODEL, XSS_RUN_PY
+
+TIMEOUT_MS = 20_000
+
+
+def _listing_has(page, text: str) -> None:
+    page.locator("#listing").get_by_text(text, exact=True).first.wait_for(state="attached", timeout=TIMEOUT_MS)
+
+
+def _listing_text(page) -> str:
+    return page.locator("#listing").inner_text()
+
+
+def _wait_listing(page, predicate, what: str) -> str:
+    for _ in range(80):
+        text = _listing_text(page)
+        if predicate(text):
+            return text
+        page.wait_for_timeout(250)
+    raise AssertionError(f"the table never showed {what}; it shows:\n{_listing_text(page)[:2000]}")
+
+
+def _choose(page, elem_id: str, option: str) -> None:
+    """Pick an option of a Gradio dropdown the way a user does: open it, type, click the option."""
+    box = page.locator(f"#{elem_id} input").first
+    box.click()
+    box.fill(option)
+    page.locator("ul.options li", has_text=option).first.click()
+
+
+def _type(page, elem_id: str, text: str) -> None:
+    """Replace a textbox's text by typing, as a user does (Gradio's input event follows key presses)."""
+    box = page.locator(f"#{elem_id} textarea, #{elem_id} input").first
+    box.click()
+    box.press("Control+a")
+    box.press("Backspace")
+    box.press_sequentially(text, delay=20)
+
+
+def _open(page, url: str) -> None:
+    page.goto(url)
+    _listing_has(page, "Qwen/Qwen3-0.6B")
+
+
+def test_search_filter_open_a_model_and_compare_two_stacks(served_app, page, tmp_path):
+    _open(page, served_app)
+    # Selected view: the catalog's picks, an untested one as "not tested", the skipped one as "skipped".
+    text = _listing_text(page)
+    assert "not tested" in text and "skipped" in text and "mistralai/Mistral-7B-v0.1" in text
+
+    _type(page, "search", "gpt2")
+    text = _wait_listing(page, lambda t: "Qwen/Qwen3-0.6B" not in t, "only gpt2 rows")
+    assert "openai-community/gpt2" in text
+
+    _type(page, "search", "")
+    page.locator("#view").get_by_text("All results", exact=True).click()
+    _choose(page, "filter-status", "FAIL_RUN")
+    text = _wait_listing(page, lambda t: "assay-zoo/mistral" not in t and "assay-zoo/llama" in t, "the FAIL_RUN rows only")
+    assert "assay-zoo/qwen3" in text and OLD not in text and "PASS" not in text
+
+    _choose(page, "filter-status", "any")
+    _choose(page, "filter-compiler", "torch 2.14.0, triton 3.10.0")
+    text = _wait_listing(page, lambda t: "assay-zoo/gpt2" not in t, "only the GPU stack's row")
+    assert "cuda:0" in text and "assay-zoo/qwen3" in text
+
+    # Open the model by its row: its page lists every stack and shows the run.py that reproduces it.
+    page.locator("#listing").get_by_text("assay-zoo/qwen3", exact=True).first.click()
+    stacks = page.locator("#model-stacks")
+    stacks.get_by_text(NEW, exact=True).first.wait_for(state="attached", timeout=TIMEOUT_MS)
+    run_py = page.locator("#run-py")
+    run_py.get_by_text("print('probe qwen3')").wait_for(timeout=TIMEOUT_MS)
+    assert "FAIL_RUN" in stacks.inner_text() and "PASS" in stacks.inner_text()
+    assert "assay probe zoo/qwen3" in page.locator("#command textarea, #command input").first.input_value()
+    assert page.locator("#download-run-py").is_enabled()
+    page.screenshot(path=tmp_path / "model-page.png", full_page=True)
+
+    page.get_by_role("tab", name="Compare stacks").click()
+    _choose(page, "base", OLD)
+    _choose(page, "new", NEW)
+    page.locator("#compare-button").click()
+    diff = page.locator("#diff")
+    diff.get_by_text("regressed", exact=True).first.wait_for(state="attached", timeout=TIMEOUT_MS)
+    first_row = diff.locator("tbody tr").first.inner_text()
+    assert "regressed" in first_row, first_row
+    summary = page.locator("#compare-summary textarea, #compare-summary input").first.input_value()
+    assert "pass rate" in summary and "regressed 2" in summary
+    page.screenshot(path=tmp_path / "compare.png", full_page=True)
+
+
+def test_a_planted_script_in_a_result_stays_text(served_app, page):
+    _open(page, served_app)
+    page.locator("#view").get_by_text("All results", exact=True).click()
+    _type(page, "search", "evil/")
+    _wait_listing(page, lambda t: "assay-zoo" not in t, "only the planted row")
+    # The model name is shown literally in its cell (its <b> is characters, not bold).
+    cell = page.locator("#listing").get_by_text(XSS_MODEL, exact=True).first
+    cell.wait_for(state="attached", timeout=TIMEOUT_MS)
+    cell.click()
+    error_line = page.locator("#error-line textarea, #error-line input").first
+    page.wait_for_function("el => el.value.length > 0", arg=error_line.element_handle(), timeout=TIMEOUT_MS)
+    assert error_line.input_value() == XSS_ERROR
+    page.locator("#traceback-fold").get_by_text("full traceback").click()
+    page.locator("#traceback").get_by_text(XSS_ERROR).wait_for(timeout=TIMEOUT_MS)
+    page.locator("#run-py").get_by_text(XSS_RUN_PY.splitlines()[0]).wait_for(timeout=TIMEOUT_MS)
+    page.locator("#model-stacks").get_by_text('<img src=z onerror="window.__xss=5">', exact=True).wait_for(state="attached")
+    page.wait_for_timeout(500)  # an injected onerror would fire once the bad image source fails
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("#listing b, #model-stacks b, #model-stacks img, #listing img, #traceback script").count() == 0

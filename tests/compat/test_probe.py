@@ -1,0 +1,114 @@
+import json
+import sys
+
+import pytest
+
+from assay.compat.dataset import query
+from assay.compat.probe import ProbeRequest, probe, probe_and_record
+from assay.zoo import ZOO
+
+import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_model_passes_under_aot_eager(zoo_dir, name):
+    row = probe(ProbeRequest(str(zoo_dir / name), backend="aot_eager", new_tokens=12))
+    assert row["status"] == "PASS", (row["reason"], row["error"])
+    assert row["generated_tokens"] == row["reference_tokens"] and len(row["generated_tokens"]) == 12
+    assert row["model"] == f"assay-zoo/{name}" and row["stands_in_for"] == ZOO[name].stands_in_for
+    assert row["graphs"] >= 1 and row["load_s"] > 0 and row["compile_s"] > 0 and row["decode_tokens_per_s"] > 0
+    assert row["total_s"] >= row["load_s"] + row["compile_s"]
+    assert row["peak_memory_bytes"] > 50 * 2**20 and row["memory_kind"] == "host_rss"
+
+
+@pytest.mark.inductor
+def test_inductor_probe_passes_and_counts_graphs(zoo_dir, tmp_path):
+    row = probe_and_record(ProbeRequest(str(zoo_dir / "qwen3"), backend="inductor", new_tokens=8), tmp_path)
+    assert row["status"] == "PASS", row["error"]
+    assert row["graphs"] >= 1 and row["graph_breaks"] == 0
+    assert row["compile_cache_hit"] is not None  # inductor keeps an FX-graph cache: a lookup was made
+    [stored] = query(tmp_path)
+    assert stored["stack_id"].startswith("cpu-inductor-") and stored["status"] == "PASS"
+
+
+def test_garbage_tokens_are_fail_accuracy_outside_top5(zoo_dir):
+    row = probe(ProbeRequest(str(zoo_dir / "llama"), backend="test_garbage_logits", new_tokens=8))
+    assert row["status"] == "FAIL_ACCURACY"
+    # Transformers runs the prefill eager and compiles the decode step: token 0 comes from the prefill,
+    # token 1 is the first one a compiled graph produced.
+    assert row["first_mismatch"] == 1
+    assert row["generated_tokens"][0] == row["reference_tokens"][0]
+    assert row["mismatch_in_top5"] is False
+    assert row["mismatch_actual"] == row["generated_tokens"][1] != row["mismatch_expected"]
+    assert "garbage" in row["reason"]
+
+
+def test_drifting_tokens_are_fail_accuracy_inside_top5(zoo_dir):
+    row = probe(ProbeRequest(str(zoo_dir / "llama"), backend="test_drifting_logits", new_tokens=8))
+    assert row["status"] == "FAIL_ACCURACY"
+    assert row["mismatch_in_top5"] is True
+    assert "drift" in row["reason"]
+
+
+def test_compiler_error_is_fail_compile(zoo_dir):
+    row = probe(ProbeRequest(str(zoo_dir / "qwen3"), backend="test_compiler_crash", new_tokens=4))
+    assert row["status"] == "FAIL_COMPILE"
+    assert "vendor compiler: unsupported operator" in row["error"]
+
+
+def test_runtime_error_is_fail_run(zoo_dir):
+    row = probe(ProbeRequest(str(zoo_dir / "qwen3"), backend="test_runtime_crash", new_tokens=4))
+    assert row["status"] == "FAIL_RUN"
+    assert "kernel launch failed" in row["reason"]
+
+
+def _copy_checkpoint(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_corrupt_safetensors_is_fail_load(zoo_dir, tmp_path):
+    broken = _copy_checkpoint(zoo_dir / "qwen3", tmp_path / "broken")
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    row = probe_and_record(ProbeRequest(str(broken), backend="aot_eager"), tmp_path / "results")
+    assert row["status"] == "FAIL_LOAD"
+    assert row["error"] and "Traceback" in row["error"]
+    assert query(tmp_path / "results")[0]["status"] == "FAIL_LOAD"
+
+
+def test_unknown_architecture_is_fail_load(zoo_dir, tmp_path):
+    custom = _copy_checkpoint(zoo_dir / "qwen3", tmp_path / "custom")
+    config = json.loads((custom / "config.json").read_text())
+    config["model_type"] = "my_private_arch"
+    config["architectures"] = ["MyPrivateForCausalLM"]
+    (custom / "config.json").write_text(json.dumps(config))
+    (custom / "assay_zoo.json").unlink()
+    row = probe(ProbeRequest(str(custom), backend="aot_eager"))
+    assert row["status"] == "FAIL_LOAD"
+    assert "my_private_arch" in row["reason"] + row["error"]
+
+
+def test_deliberate_skip_is_recorded_and_not_a_failure(zoo_dir, tmp_path, assay_cli):
+    result = assay_cli("probe", str(zoo_dir / "gpt2"), "--skip", "low priority", "--out", str(tmp_path), "--strict", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["status"] == "SKIPPED"
+    listing = assay_cli("results", str(tmp_path))
+    assert "0/0 PASS" in listing.stdout and "low priority" in listing.stdout
+
+
+def test_strict_exits_1_on_a_failed_probe(zoo_dir, tmp_path, assay_cli):
+    broken = _copy_checkpoint(zoo_dir / "gpt2", tmp_path / "broken")
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    result = assay_cli("probe", str(broken), "--backend", "aot_eager", "--out", str(tmp_path / "r"), "--strict")
+    assert result.returncode == 1
+    assert "FAIL_LOAD" in result.stdout
+
+
+def test_image_text_model_gets_image_and_prompt(zoo_dir):
+    row = probe(ProbeRequest(str(zoo_dir / "llava"), backend="aot_eager", new_tokens=4))
+    assert row["task"] == "image-text-to-text"
+    # LLaVA expands <image> into one token per vision patch: the prompt is longer than the text alone.
+    assert row["prompt_tokens"] > 16

@@ -1,0 +1,38 @@
+"""Session-wide fixtures: the tiny zoo is built once (about 20 s) and shared by every test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every test uses local checkpoints; a Hub call is a bug
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def zoo_dir(tmp_path_factory) -> Path:
+    from assay.zoo import build_zoo
+
+    folder = tmp_path_factory.mktemp("zoo")
+    build_zoo(folder, progress=False)
+    return folder
+
+
+def run_assay(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real `assay` command in a subprocess: exit code, stdout and stderr as a user sees them."""
+    return subprocess.run(
+        [sys.executable, "-m", "assay", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+        env=os.environ.copy() | (env or {}),
+    )
+
+
+@pytest.fixture
+def assay_cli():
+    return run_assay

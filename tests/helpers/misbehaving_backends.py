@@ -1,0 +1,80 @@
+"""Real torch.compile backends that miscompile on purpose, for probe tests.
+
+Each compiles the FX graph dynamo hands it (AOT eager) and then breaks what it returns in one
+well-defined way, as a faulty vendor compiler would.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._dynamo import register_backend
+from torch._dynamo.backends.common import aot_autograd
+
+VOCAB = 1024
+
+
+def _is_logits(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 3 and value.shape[-1] == VOCAB
+
+
+def _wrap_outputs(edit):
+    def compiler(gm: torch.fx.GraphModule, example_inputs):
+        def run(*args):
+            outputs = gm(*args)
+            return type(outputs)(edit(o) if _is_logits(o) else o for o in outputs)
+
+        return run
+
+    return compiler
+
+
+def _negate(logits):  # argmax becomes argmin: the device's token is far outside the reference's top-5
+    return -logits
+
+
+def _swap_top_two(logits):  # the runner-up wins: a plausible token, as numerical drift would give
+    top2 = logits.topk(2, dim=-1).indices
+    swapped = logits.clone()
+    first, second = top2[..., :1], top2[..., 1:2]
+    swapped.scatter_(-1, first, logits.gather(-1, second))
+    swapped.scatter_(-1, second, logits.gather(-1, first))
+    return swapped
+
+
+register_backend(name="test_garbage_logits", compiler_fn=aot_autograd(fw_compiler=_wrap_outputs(_negate)))
+register_backend(name="test_drifting_logits", compiler_fn=aot_autograd(fw_compiler=_wrap_outputs(_swap_top_two)))
+
+
+@register_backend
+def test_compiler_crash(gm, example_inputs):
+    raise RuntimeError("vendor compiler: unsupported operator in graph")
+
+
+@register_backend
+def test_runtime_crash(gm, example_inputs):
+    def run(*args):
+        raise RuntimeError("device runtime: kernel launch failed")
+
+    return run
+
+
+@register_backend
+def test_hang(gm, example_inputs):
+    import time
+
+    while True:  # a compiler that never returns
+        time.sleep(1)
+
+
+@register_backend
+def test_segfault(gm, example_inputs):
+    import ctypes
+
+    ctypes.string_at(0)  # a compiler that dereferences NULL
+
+
+@register_backend
+def test_memory_hog(gm, example_inputs):
+    hoard = []
+    while True:  # a compiler that allocates until the process limit stops it
+        hoard.append(bytearray(64 * 2**20))

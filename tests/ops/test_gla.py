@@ -1,0 +1,214 @@
+"""gla_chunk against the step-by-step reference gla_recurrent: outputs, states, gradients, decode.
+
+Every comparison is a relative error ||a - b|| / ||b|| looked up in the one tolerance table
+(assay.core.numerics.TOLERANCES, check "recurrence"). The reference always runs in float64 on the
+very values the tested call received (bfloat16 inputs are upcast exactly), so a test measures the
+chunked kernel's own error and not the rounding of its inputs, which no kernel could undo.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from assay.core.compiling import compile_fn
+from assay.core.errors import AssayError
+from assay.core.numerics import assert_close
+from assay.kernels.gla import SEGMENT_TOKENS
+from assay.ops import gla_chunk, gla_recurrent, gla_step
+
+HEADS, KEY_DIM, VALUE_DIM = 2, 16, 8
+
+
+def make_inputs(time: int, gate_scale: float, dtype=torch.float32, batch: int = 2, seed: int = 0, weak_decay: bool = False):
+    """q, k, v, g, initial_state; g = logsigmoid(x * gate_scale): scale 0.1 gives gates near 0.5 per step,
+    10 gives many gates near exp(-30) (a state wiped in one step), weak_decay gives gates near 1."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    q, k = randn(batch, time, HEADS, KEY_DIM), randn(batch, time, HEADS, KEY_DIM)
+    v = randn(batch, time, HEADS, VALUE_DIM)
+    logits = randn(batch, time, HEADS, KEY_DIM)
+    g = F.logsigmoid(logits + 6.0) if weak_decay else F.logsigmoid(logits * gate_scale)
+    initial_state = randn(batch, HEADS, KEY_DIM, VALUE_DIM)
+    return [x.to(dtype) for x in (q, k, v, g, initial_state)]
+
+
+def as_float64(tensors):
+    return [x.detach().to(torch.float64).requires_grad_(x.requires_grad) for x in tensors]
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("time", [1, 37, 130])
+@pytest.mark.parametrize("gate_scale", [0.1, 1.0, 10.0])
+def test_chunk_matches_recurrent_float32(chunk_size, time, gate_scale):
+    q, k, v, g, h0 = make_inputs(time, gate_scale)
+    o, state = gla_chunk(q, k, v, g, initial_state=h0, output_final_state=True, chunk_size=chunk_size)
+    o_ref, state_ref = gla_recurrent(*as_float64([q, k, v, g]), initial_state=h0.double(), output_final_state=True)
+    assert o.dtype == torch.float32 and o.shape == (2, time, HEADS, VALUE_DIM)
+    assert state.shape == (2, HEADS, KEY_DIM, VALUE_DIM)
+    assert_close("recurrence", o, o_ref, torch.float32)
+    assert_close("recurrence", state, state_ref, torch.float32)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 128])
+def test_weak_decay_long_memory_matches(chunk_size):
+    # Gates near 1 keep the whole history in the state: the case where summation order matters most.
+    q, k, v, g, _ = make_inputs(130, 1.0, weak_decay=True)
+    o, state = gla_chunk(q, k, v, g, output_final_state=True, chunk_size=chunk_size)
+    o_ref, state_ref = gla_recurrent(*as_float64([q, k, v, g]), output_final_state=True)
+    assert_close("recurrence", o, o_ref, torch.float32)
+    assert_close("recurrence", state, state_ref, torch.float32)
+
+
+@pytest.mark.parametrize("gate_scale", [0.1, 10.0])
+def test_chunk_matches_recurrent_bfloat16(gate_scale):
+    q, k, v, g, h0 = make_inputs(130, gate_scale, dtype=torch.bfloat16)
+    o, state = gla_chunk(q, k, v, g, initial_state=h0, output_final_state=True, chunk_size=64)
+    o_ref, state_ref = gla_recurrent(*as_float64([q, k, v, g]), initial_state=h0.double(), output_final_state=True)
+    assert o.dtype == torch.bfloat16
+    assert state.dtype == torch.float32  # the state is accumulated, and handed back, in float32
+    assert_close("recurrence", o, o_ref, torch.bfloat16)
+    assert_close("recurrence", state, state_ref, torch.bfloat16)
+
+
+def test_no_initial_state_and_no_final_state_by_default():
+    q, k, v, g, _ = make_inputs(37, 1.0)
+    o, state = gla_chunk(q, k, v, g, chunk_size=16)
+    o_ref, state_ref = gla_recurrent(*as_float64([q, k, v, g]))
+    assert state is None and state_ref is None
+    assert_close("recurrence", o, o_ref, torch.float32)
+
+
+def test_empty_sequence_passes_the_state_through():
+    q, k, v, g, h0 = make_inputs(0, 1.0)
+    for op in (gla_chunk, gla_recurrent):
+        o, state = op(q, k, v, g, initial_state=h0, output_final_state=True)
+        assert o.shape == (2, 0, HEADS, VALUE_DIM)
+        assert torch.equal(state, h0)
+
+
+def test_reference_is_the_stated_recurrence():
+    # o_t = sum_{s <= t} ((q_t * scale) . (k_s * prod_{s < r <= t} exp(g_r))) v_s, written out in float64.
+    q, k, v, g, _ = as_float64(make_inputs(6, 1.0, batch=1))
+    o_ref, _ = gla_recurrent(q, k, v, g)
+    scale = KEY_DIM**-0.5
+    expected = torch.zeros_like(o_ref)
+    for t in range(6):
+        for s in range(t + 1):
+            decay = g[:, s + 1 : t + 1].sum(1).exp()  # [B, H, K]
+            weight = (q[:, t] * scale * k[:, s] * decay).sum(-1, keepdim=True)  # [B, H, 1]
+            expected[:, t] += weight * v[:, s]
+    assert_close("recurrence", o_ref, expected, torch.float64)
+
+
+def _gradients(fn, inputs, grad_o, grad_state, **kwargs):
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    o, state = fn(*leaves[:4], initial_state=leaves[4], output_final_state=True, **kwargs)
+    loss = (o.to(torch.float64) * grad_o).sum() + (state.to(torch.float64) * grad_state).sum()
+    loss.backward()
+    return [leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize(
+    "dtype,chunk_size,time,gate_scale",
+    [
+        (torch.float32, 16, 37, 0.1),
+        (torch.float32, 32, 130, 10.0),
+        (torch.float32, 64, 37, 1.0),
+        (torch.float32, 128, 130, 1.0),
+        (torch.bfloat16, 64, 130, 1.0),
+        (torch.bfloat16, 16, 37, 10.0),
+    ],
+)
+def test_gradients_match_recurrent(dtype, chunk_size, time, gate_scale):
+    inputs = make_inputs(time, gate_scale, dtype=dtype)
+    generator = torch.Generator().manual_seed(1)
+    # Upstream gradients rounded to the tested dtype, so both sides receive the same numbers.
+    grad_o = torch.randn(2, time, HEADS, VALUE_DIM, generator=generator, dtype=torch.float64).to(dtype).double()
+    grad_state = torch.randn(2, HEADS, KEY_DIM, VALUE_DIM, generator=generator, dtype=torch.float64)
+    grads = _gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=chunk_size)
+    grads_ref = _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)
+    for name, grad, grad_ref in zip(["q", "k", "v", "g", "initial_state"], grads, grads_ref):
+        assert grad.dtype == dtype, name
+        assert_close("recurrence", grad, grad_ref, dtype)
+
+
+def test_long_sequence_crosses_segments():
+    # Past SEGMENT_TOKENS the sequence is processed in segments with the state carried between them;
+    # 48 does not divide 2048, so segments end on whole chunks short of it.
+    time, chunk_size = SEGMENT_TOKENS + 37, 48
+    inputs = make_inputs(time, 1.0, batch=1)
+    grad_o = torch.randn(1, time, HEADS, VALUE_DIM, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grad_state = torch.randn(1, HEADS, KEY_DIM, VALUE_DIM, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    o, state = gla_chunk(*inputs[:4], initial_state=inputs[4], output_final_state=True, chunk_size=chunk_size)
+    o_ref, state_ref = gla_recurrent(*as_float64(inputs[:4]), initial_state=inputs[4].double(), output_final_state=True)
+    assert_close("recurrence", o, o_ref, torch.float32)
+    assert_close("recurrence", state, state_ref, torch.float32)
+    grads = _gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=chunk_size)
+    grads_ref = _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)
+    for grad, grad_ref in zip(grads, grads_ref):
+        assert_close("recurrence", grad, grad_ref, torch.float32)
+
+
+def test_extreme_gates_stay_finite():
+    # Gates down to exp(-1000) per step: a form that multiplies by exp(-cumsum) would overflow to inf.
+    q, k, v, _, h0 = make_inputs(130, 1.0)
+    g = -torch.rand(q.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).mul(1000).float()
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    o, state = gla_chunk(*leaves, initial_state=h0, output_final_state=True, chunk_size=128)
+    (o.sum() + state.sum()).backward()
+    assert all(torch.isfinite(x).all() for x in [o, state] + [leaf.grad for leaf in leaves])
+    o_ref, _ = gla_recurrent(*as_float64([q, k, v, g]), initial_state=h0.double())
+    assert_close("recurrence", o, o_ref, torch.float32)
+
+
+def test_prefill_then_decode_equals_one_pass():
+    prompt, new_tokens = 37, 5
+    q, k, v, g, h0 = make_inputs(prompt + new_tokens, 1.0)
+    o_full, state_full = gla_chunk(q, k, v, g, initial_state=h0, output_final_state=True, chunk_size=32)
+
+    _, state = gla_chunk(q[:, :prompt], k[:, :prompt], v[:, :prompt], g[:, :prompt], initial_state=h0, output_final_state=True, chunk_size=32)
+    step_state, recurrent_state, chunk_state = state, state, state
+    for t in range(prompt, prompt + new_tokens):
+        o_step, step_state = gla_step(q[:, t], k[:, t], v[:, t], g[:, t], step_state)
+        o_rec, recurrent_state = gla_recurrent(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], g[:, t : t + 1], initial_state=recurrent_state, output_final_state=True)
+        o_chunk, chunk_state = gla_chunk(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], g[:, t : t + 1], initial_state=chunk_state, output_final_state=True, chunk_size=16)
+        assert_close("recurrence", o_step, o_full[:, t], torch.float32)
+        assert_close("recurrence", o_rec[:, 0], o_full[:, t], torch.float32)
+        assert_close("recurrence", o_chunk[:, 0], o_full[:, t], torch.float32)
+    for decoded_state in (step_state, recurrent_state, chunk_state):
+        assert_close("recurrence", decoded_state, state_full, torch.float32)
+
+
+@pytest.mark.parametrize("chunk_size", [0, 8, 20, 144, 256, 64.0, True, "64"])
+def test_bad_chunk_size_is_assay_error(chunk_size):
+    q, k, v, g, _ = make_inputs(4, 1.0)
+    with pytest.raises(AssayError, match="chunk_size must be a multiple of 16 from 16 to 128"):
+        gla_chunk(q, k, v, g, chunk_size=chunk_size)
+
+
+def test_mismatched_shapes_are_assay_errors():
+    q, k, v, g, h0 = make_inputs(4, 1.0)
+    with pytest.raises(AssayError, match="one shape"):
+        gla_chunk(q, k[..., :4], v, g)
+    with pytest.raises(AssayError, match="initial_state"):
+        gla_recurrent(q, k, v, g, initial_state=h0[..., :4])
+
+
+def test_compiled_chunk_matches_eager():
+    q, k, v, g, h0 = make_inputs(37, 1.0)
+    compiled = compile_fn(gla_chunk, "aot_eager", fullgraph=True)
+    leaves_eager = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    leaves_compiled = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    o_eager, state_eager = gla_chunk(*leaves_eager, initial_state=h0, output_final_state=True, chunk_size=16)
+    o_compiled, state_compiled = compiled(*leaves_compiled, initial_state=h0, output_final_state=True, chunk_size=16)
+    assert_close("compiled_vs_eager", o_compiled, o_eager, torch.float32)
+    assert_close("compiled_vs_eager", state_compiled, state_eager, torch.float32)
+    (o_eager.sum() + state_eager.sum()).backward()
+    (o_compiled.sum() + state_compiled.sum()).backward()
+    for leaf_compiled, leaf_eager in zip(leaves_compiled, leaves_eager):
+        assert_close("compiled_vs_eager", leaf_compiled.grad, leaf_eager.grad, torch.float32)

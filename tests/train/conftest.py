@@ -1,0 +1,55 @@
+"""Fixtures for the trainer tests: the three Qwen3 zoo entries they train, and torchrun in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_ZOO_ENTRIES = ["qwen3", "qwen3-moe", "qwen3-pretrained"]
+
+
+@pytest.fixture(scope="session")
+def train_zoo(tmp_path_factory) -> Path:
+    """qwen3 (random weights), qwen3-moe, qwen3-pretrained (300 steps on the corpus).
+
+    ASSAY_TEST_ZOO=DIR builds into (and reuses) DIR across sessions: build_zoo skips finished entries.
+    """
+    from assay.zoo import build_zoo
+
+    folder = Path(os.environ["ASSAY_TEST_ZOO"]) if os.environ.get("ASSAY_TEST_ZOO") else tmp_path_factory.mktemp("train_zoo")
+    build_zoo(folder, names=TRAIN_ZOO_ENTRIES, progress=False)
+    return folder
+
+
+def run_torchrun(processes: int, *assay_args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --nproc-per-node N -m assay ...`; the whole process group is
+    killed on timeout, so no rank outlives the test."""
+    env = os.environ | {
+        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), "-m", "assay", *assay_args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"torchrun with {processes} processes did not finish in {timeout} s:\n{stderr[-3000:]}") from None
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@pytest.fixture
+def torchrun():
+    return run_torchrun
