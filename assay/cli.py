@@ -285,6 +285,9 @@ _register_train(app)
 from assay.app.commands import register as _register_app  # noqa: E402
 
 _register_app(app)
+from assay.kernels.commands import register as _register_kernels  # noqa: E402
+
+_register_kernels(app)
 
 
 def main() -> None:

@@ -138,7 +138,7 @@ def save_catalog(catalog: Catalog, path: str | Path) -> Path:
 def model_from_listing(info: object, task: str) -> CatalogModel:
     """One `huggingface_hub.ModelInfo` (as list_models yields it) as a catalog entry."""
     return CatalogModel(
-        id=getattr(info, "id"), task=getattr(info, "pipeline_tag", None) or task,
+        id=info.id, task=getattr(info, "pipeline_tag", None) or task,
         downloads=getattr(info, "downloads", None), likes=getattr(info, "likes", None),
         trending_score=getattr(info, "trending_score", None), library=getattr(info, "library_name", None),
     )

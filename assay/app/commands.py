@@ -59,11 +59,13 @@ def register(app: typer.Typer) -> None:
     ):
         """Write a folder that runs as-is as a Hugging Face Space (app.py, requirements.txt, README.md, data/)."""
         from assay.app.catalog import resolve_catalog
-        from assay.app.space import export_space
+        from assay.app.space import check_out, export_space
         from assay.compat.dataset import check_results
         from assay.core.output import print_json, print_key_values
 
-        chosen = resolve_catalog(check_results(results), catalog)
+        check_results(results)
+        check_out(out)  # refuse a foreign folder before the default catalog's slow import of the zoo
+        chosen = resolve_catalog(results, catalog)
         export = export_space(out, results, chosen, title=title)
         record = {"folder": str(export.folder), "stacks": export.stacks, "rows": export.rows, "files": export.files}
         if json_out:

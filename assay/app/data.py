@@ -39,7 +39,7 @@ LIST_COLUMNS = [
     "total s", "peak MB", "downloads", "likes", "trending",
 ]
 MODEL_COLUMNS = [
-    "stack", "tested as", "dtype", "result", "reason", "devices", "load s", "compile s*", "decode tok/s", "total s", "peak MB",
+    "stack", "tested as", "dtype", "result", "reason", "devices", "load s", "compile s", "decode tok/s", "total s", "peak MB",
 ]
 DIFF_COLUMNS = ["change", "model", "dtype", "base", "new", "base reason", "new reason"]
 GROUP_COLUMNS = ["count", "signature", "statuses", "models", "stacks"]
@@ -245,7 +245,7 @@ def list_view(snapshot: Snapshot, catalog: Catalog, view: str, filters: Filters,
         frame = frame.assign(rank=range(1, len(frame) + 1))
         tested = rows[_row_mask(rows, filters)]
         matched = frame.merge(tested, how="left", on="public", sort=False)
-        matched["result"] = matched["result"].fillna(NOT_TESTED)
+        matched["result"] = matched["result"].astype(object).fillna(NOT_TESTED)
         matched["task"] = matched["task"].where(matched["task"].notna(), matched["catalog_task"])
         search = matched["public"].str.lower() + "\n" + matched["model"].fillna("").str.lower()
         matched = matched[_text_mask(search, filters.text) & _status_mask(matched["result"], filters.status)]
@@ -391,8 +391,8 @@ def result_detail(row: dict) -> ResultDetail:
     compile_counts = "/".join(_text(row.get(k)) or "-" for k in ("graphs", "graph_breaks", "recompiles"))
     facts = [
         ("load s", _number(row.get("load_s"))),
-        ("compile s (first compiled generate: compilation + one generation)", _number(row.get("compile_s"))),
-        ("decode tokens/s (second, warm generate)", _number(row.get("decode_tokens_per_s"))),
+        ("compile s (compilation + first generate)", _number(row.get("compile_s"))),
+        ("decode tokens/s (warm generate)", _number(row.get("decode_tokens_per_s"))),
         ("total s (compilation included)", _number(row.get("total_s"))),
         ("peak memory MB", f"{memory} ({row.get('memory_kind')})" if memory and row.get("memory_kind") else memory),
         ("devices", _devices(row)),
@@ -406,18 +406,19 @@ def result_detail(row: dict) -> ResultDetail:
     error = _text(row.get("error"))
     return ResultDetail(
         label=_result_key_label(row), result=result_label(row["status"]), reason=_text(row.get("reason")),
-        error_line=exception_line(error) if error else "", error=error, stack_label=_text(row.get("stack_label")),
+        error_line=exception_line(error) if error else "", error=error,
+        stack_label=_text(row.get("stack_label")) or _text(row.get("stack_id")),
         versions=versions, run_py=_text(row.get("run_py")), command=_text(row.get("command")),
         facts=pd.DataFrame(facts, columns=["what", "value"], dtype=object),
     )
 
 
 def run_py_filename(row: dict) -> str:
-    """A safe file name for a row's run.py download: run_<model>_<stack>.py."""
+    """A safe file name for a row's run.py download: run_<model>_<stack>_<dtype>.py."""
     import re
 
     safe = lambda text: re.sub(r"[^A-Za-z0-9._-]+", "_", text or "").strip("._")[:80] or "model"  # noqa: E731
-    return f"run_{safe(row['model'])}_{safe(row['stack_id'])}.py"
+    return f"run_{safe(row['model'])}_{safe(row['stack_id'])}_{safe(row.get('dtype') or 'default')}.py"
 
 
 # ---------------------------------------------------------------- compare, failures, charts
@@ -480,8 +481,8 @@ def pass_rates(snapshot: Snapshot) -> pd.DataFrame:
 def per_model_costs(snapshot: Snapshot, stack: str, top: int = 25) -> pd.DataFrame:
     """Compile time and peak memory per model on one stack, the `top` slowest compiles first."""
     rows = snapshot.rows
-    chosen = rows[(rows["stack_id"] == stack) & rows["compile_s"].notna()] if stack and stack != ANY else rows.iloc[0:0]
-    chosen = chosen.sort_values("compile_s", ascending=False).head(top)
+    chosen = rows[(rows["stack_id"] == stack) & (rows["status"] != "SKIPPED")] if stack and stack != ANY else rows.iloc[0:0]
+    chosen = chosen.sort_values(["compile_s", "peak_memory_bytes"], ascending=False, na_position="last").head(top)
     label = chosen["model"] + [f" ({d})" if d and d != "float32" else "" for d in chosen["dtype"].fillna("")]
     return pd.DataFrame({"model": label.to_numpy(), "compile_s": chosen["compile_s"].to_numpy(dtype=float),
                          "peak_mb": (chosen["peak_memory_bytes"].astype(float) / 2**20).to_numpy()})

@@ -98,7 +98,7 @@ def _requirement(name: str) -> str:
     return f"{name}>={version},<{major + 1}"
 
 
-def _check_out(out: Path) -> None:
+def check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise AssayError(f"{out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / SPACE_STAMP).exists():
@@ -116,7 +116,7 @@ def export_space(out: str | Path, results: str | Path, catalog: Catalog, title: 
 
     results = check_results(results)
     out = Path(out)
-    _check_out(out)
+    check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / SPACE_STAMP, "written by assay export-space\n")
     written: list[str] = []

@@ -71,9 +71,10 @@ def _note(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-def _table(headers: list[str], label: str | None = None, **kwargs) -> gr.Dataframe:
+def _table(headers: list[str], label: str | None = None, wrap: bool = False, **kwargs) -> gr.Dataframe:
+    # datatype "str": a cell is text; "markdown" or "html" would render what a result's text holds.
     return gr.Dataframe(
-        headers=headers, datatype="str", interactive=False, wrap=False, label=label, show_label=label is not None,
+        headers=headers, datatype="str", interactive=False, wrap=wrap, label=label, show_label=label is not None,
         max_chars=120, buttons=["copy", "fullscreen"], **kwargs,
     )
 
@@ -135,8 +136,9 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                     "", "", gr.DownloadButton(value=None, interactive=False)]
         page = model_page(source.snapshot(), catalog, key)
         entry = page.catalog_entry
-        about = (f"{key}: task {entry.task or '?'}, downloads {entry.downloads if entry.downloads is not None else '?'}, "
-                 f"likes {entry.likes if entry.likes is not None else '?'}") if entry else key
+        count = lambda n: "?" if n is None else f"{n:,}"  # noqa: E731
+        about = (f"{key}: task {entry.task or '?'}, downloads {count(entry.downloads)}, likes {count(entry.likes)}, "
+                 f"trending score {count(entry.trending_score)}") if entry else f"{key}: not in the catalog"
         label = preferred if preferred in page.labels else (page.labels[0] if page.labels else None)
         return [about, page.table, gr.Dropdown(choices=page.labels, value=label), *detail_outputs(page, label)]
 
@@ -145,7 +147,7 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
             return open_model(None)[3:]
         return detail_outputs(model_page(source.snapshot(), catalog, key), label)
 
-    def pick_row(view, evt: gr.SelectData):
+    def pick_row(evt: gr.SelectData):
         row = evt.row_value or []
         values = dict(zip(LIST_COLUMNS, row))
         key = values.get("model") or values.get("tested as")
@@ -216,7 +218,8 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                 stack_label = gr.Textbox(label="stack", interactive=False, elem_id="stack-label")
                 command = gr.Textbox(label="reproduce with", interactive=False, buttons=["copy"], elem_id="command")
                 with gr.Row():
-                    facts = _table(["what", "value"], label="timings, memory, devices", elem_id="facts", scale=1)
+                    facts = _table(["what", "value"], label="timings, memory, devices", elem_id="facts", scale=1, wrap=True,
+                                   column_widths=["55%", "45%"])
                     with gr.Column(scale=1):
                         with gr.Accordion("versions of the whole stack", open=False):
                             versions = gr.Code(language="json", label="versions", interactive=False, elem_id="versions")
@@ -227,8 +230,9 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                     base = gr.Dropdown(stacks, value=stacks[0] if len(stacks) > 1 else None, label="base stack", elem_id="base")
                     new = gr.Dropdown(stacks, value=stacks[1] if len(stacks) > 1 else None, label="new stack", elem_id="new")
                     compare_button = gr.Button("Compare", elem_id="compare-button", scale=0)
-                summary = gr.Textbox(label="summary", interactive=False, elem_id="compare-summary")
-                diff_table = _table(DIFF_COLUMNS, label="per model, regressions first", elem_id="diff", max_height=560)
+                first_summary, first_table = compare(*stacks[:2]) if len(stacks) > 1 else ("Two stacks are needed to compare.", None)
+                summary = gr.Textbox(first_summary, label="summary", interactive=False, elem_id="compare-summary")
+                diff_table = _table(DIFF_COLUMNS, label="per model, regressions first", elem_id="diff", max_height=560, value=first_table)
             with gr.Tab("Failures", id="failures"):
                 with gr.Row():
                     group_stack = gr.Dropdown(choices.stacks, value=ANY, label="stack", elem_id="group-stack")
@@ -248,10 +252,12 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
         events = dict(api_visibility=PRIVATE, trigger_mode="always_last", show_progress="hidden")
         for control in controls.inputs():
             (control.input if control is search else control.change)(listing, controls.inputs(), [table, note], **events)
-        table.select(pick_row, [view], [tabs, model_choice, *model_components], api_visibility=PRIVATE)
+        table.select(pick_row, None, [tabs, model_choice, *model_components], api_visibility=PRIVATE)
         model_choice.input(open_model, [model_choice], model_components, **events)
         result_choice.input(show_detail, [model_choice, result_choice], detail_components, **events)
         compare_button.click(compare, [base, new], [summary, diff_table], api_visibility=PRIVATE)
+        for side in (base, new):
+            side.input(compare, [base, new], [summary, diff_table], **events)
         group_stack.change(groups, [group_stack, group_search], [group_table], **events)
         group_search.input(groups, [group_stack, group_search], [group_table], **events)
         group_table.select(group_members, [group_stack, group_search], [members], api_visibility=PRIVATE)

@@ -128,7 +128,11 @@ def connect(folder: str | Path):
     return connection
 
 
-def query(folder: str | Path, stack: str | None = None, status: str | None = None, model: str | None = None) -> list[dict]:
+def query(
+    folder: str | Path, stack: str | None = None, status: str | None = None, model: str | None = None,
+    columns: list[str] | None = None,
+) -> list[dict]:
+    """Rows matching the filters; `columns` selects fewer columns (run.py and tokens are large)."""
     connection = connect(folder)
     clauses, params = [], []
     if stack:
@@ -141,7 +145,8 @@ def query(folder: str | Path, stack: str | None = None, status: str | None = Non
         clauses.append("lower(model) LIKE ?")
         params.append(f"%{model.lower()}%")
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    cursor = connection.execute(f"SELECT * FROM results {where} ORDER BY stack_id, model", params)
+    selected = ", ".join(f'"{c}"' for c in columns if c in COLUMNS) if columns else "*"
+    cursor = connection.execute(f"SELECT {selected} FROM results {where} ORDER BY stack_id, model", params)
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, values)) for values in cursor.fetchall()]
 

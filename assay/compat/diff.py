@@ -73,7 +73,7 @@ def resolve_stack(folder, name: str, stacks: list[str]) -> str:
 
 
 def diff_stacks(folder, base: str, new: str) -> StackDiff:
-    rows = query(folder)
+    rows = query(folder, columns=["model", "dtype", "stack_id", "status", "reason"])
     stacks = sorted({r["stack_id"] for r in rows})
     base_id, new_id = resolve_stack(folder, base, stacks), resolve_stack(folder, new, stacks)
     if base_id == new_id:

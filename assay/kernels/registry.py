@@ -138,9 +138,9 @@ class Kernel:
     refine_impl: Callable[[str, Mapping[str, torch.Tensor]], str] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Replacement:
-    """One module swapped (or, in a dry run, that would be)."""
+    """One module swapped (or, in a dry run, that would be). Prints as its start-up log line does."""
 
     module: str
     kernel: str
@@ -149,6 +149,8 @@ class Replacement:
 
     def __str__(self) -> str:
         return f"{self.module}: {self.old_class} -> {self.new_class} ({self.kernel})"
+
+    __repr__ = __str__
 
     def as_dict(self) -> dict[str, str]:
         return {"module": self.module, "kernel": self.kernel, "old_class": self.old_class, "new_class": self.new_class}
@@ -353,12 +355,24 @@ def apply_kernels(model: nn.Module, names: Sequence[str] | None, pattern: str | 
         if new_module is not None:
             parent, child = _parent(model, name)
             setattr(parent, child, new_module)
+    _ensure_log_visible()
     verb = "would replace" if dry_run else "replaced"
     for replacement in replacements:
         log.info("kernels: %s %s", verb, replacement)
     counts = Counter(r.kernel for r in replacements)
     log.info("kernels: %s %d module(s): %s", verb, len(replacements), ", ".join(f"{k} x{n}" for k, n in counts.items()))
     return replacements
+
+
+def _ensure_log_visible() -> None:
+    """The start-up lines must show in a plain `assay train`: when the application has configured no
+    logging at all, this logger writes its INFO lines to stderr itself (a configuration, once made, wins)."""
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 def _refuse_nested(plan: Mapping[str, tuple[Kernel, nn.Module]], already: Mapping[str, str]) -> None:

@@ -6,9 +6,9 @@ no copies: the operator reads and writes through strides). The float32 cos/sin c
 that receives no gradient; backward is its own operator (`assay::rope_backward`) and reads the cache
 that forward saved.
 
-Implementations: "torch" (any device: the rotation written with out= products on the two halves,
-one output allocation, no concatenation; the same products and sums as the model's rotate-half form,
-so float32 results are identical) and "triton" (CUDA; triton_rope.py).
+Implementations: "torch" (any device: x * cos plus the rotated term built from two half-row products,
+no concatenation; the same products and sums as the model's rotate-half form, so float32 and bfloat16
+results are identical to it) and "triton" (CUDA; triton_rope.py).
 """
 
 from __future__ import annotations
@@ -32,18 +32,20 @@ def _rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backwar
     half = x.shape[-1] // 2
     # The reference multiplies in x's dtype (cache cast first); doing the same keeps bfloat16 equal too.
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    c1, c2, s1, s2 = cos[:, :half], cos[:, half:], sin[:, :half], sin[:, half:]
     x1, x2 = x[..., :half], x[..., half:]
-    out = torch.empty_like(x)
-    out1, out2 = out[..., :half], out[..., half:]
+    # x * cos over whole rows, then the rotated term (two half-row products into one buffer) added once:
+    # three passes and two allocations where x*cos + rotate_half(x)*sin makes five of each. Negation is
+    # exact, so each element is the same product-product-sum as the reference's.
+    out = torch.mul(x, cos, out=torch.empty_like(x))  # laid out like x, as the fake implementation says
+    rotated = torch.empty_like(x)
     if backward:
         # Autograd of x*cos + rotate_half(x)*sin: dx1 = dy1 c1 + dy2 s2, dx2 = dy2 c2 - dy1 s1.
-        torch.mul(x1, c1, out=out1).add_(x2 * s2)
-        torch.mul(x2, c2, out=out2).sub_(x1 * s1)
+        torch.mul(x2, sin[:, half:], out=rotated[..., :half])
+        torch.mul(x1, -sin[:, :half], out=rotated[..., half:])
     else:
-        torch.mul(x1, c1, out=out1).sub_(x2 * s1)
-        torch.mul(x2, c2, out=out2).add_(x1 * s2)
-    return out
+        torch.mul(x2, -sin[:, :half], out=rotated[..., :half])
+        torch.mul(x1, sin[:, half:], out=rotated[..., half:])
+    return out.add_(rotated)
 
 
 def _impl(q, k, cos, sin) -> str:

@@ -6,7 +6,7 @@ kernel returns it). Backward recomputes the probabilities from the saved log-sum
 accumulates dK and dV per key block (over every query head of the key/value head: grouped-query
 attention), one accumulates dQ per query block. Any sequence length and head_dim <= 256 (masked
 tiles; head_dim is padded to a power of two in registers). float32 accumulation; float32 inputs
-multiply in full precision (input_precision="ieee", not TF32).
+multiply in full precision (triton_common.dot_mode).
 """
 
 from __future__ import annotations
@@ -17,18 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from assay.kernels.triton_common import launch_options, out_code, round_to_output
+from assay.kernels.triton_common import device_guard, dot, dot_mode, launch_options, out_code, round_to_output
 
 BLOCK_M, BLOCK_N = 32, 32
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -36,7 +28,7 @@ def _attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, so_b, so_h, so_t, so_d, sl_b, sl_h, sl_t,
     heads, group, seq_len, head_dim, scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
     batch = tl.program_id(1) // heads
@@ -57,14 +49,14 @@ def _attention_fwd_kernel(
         rn = start_n + tl.arange(0, BLOCK_N)
         n_ok = rn < seq_len
         k_t = tl.load(k_base + rn[None, :] * sk_t + rd[:, None] * sk_d, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        scores = _dot(q, k_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * qk_scale
+        scores = dot(q, k_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_MODE) * qk_scale
         scores = tl.where((rn[None, :] <= rm[:, None]) & n_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + rn[:, None] * sv_t + rd[None, :] * sv_d, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = _dot(round_to_output(p, OUT_DTYPE), v, acc * alpha[:, None], IEEE)
+        acc = dot(round_to_output(p, OUT_DTYPE), v, acc * alpha[:, None], DOT_MODE)
         m_i = m_new
     out = acc / l_i[:, None]
     m_ok = rm < seq_len
@@ -95,7 +87,7 @@ def _attention_bwd_dkdv_kernel(
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d, sl_b, sl_h, sl_t,
     sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d,
     heads, kv_heads, group, seq_len, head_dim, scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
@@ -122,14 +114,14 @@ def _attention_bwd_dkdv_kernel(
             do_t = tl.load(do_base + rm[None, :] * sdo_t + rd[:, None] * sdo_d, mask=m_ok[None, :] & d_ok[:, None], other=0.0)
             lse = tl.load(lse_ptr + batch * sl_b + head * sl_h + rm * sl_t, mask=m_ok, other=0.0)
             delta = tl.load(delta_ptr + row + rm, mask=m_ok, other=0.0)
-            scores_t = _dot(k, q_t, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE) * scale  # [keys, queries]
+            scores_t = dot(k, q_t, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_MODE) * scale  # [keys, queries]
             visible = (rm[None, :] >= rn[:, None]) & m_ok[None, :] & n_ok[:, None]
             p_t = tl.where(visible, tl.exp(scores_t - lse[None, :]), 0.0)
-            dv = _dot(round_to_output(p_t, OUT_DTYPE), do, dv, IEEE)
-            dp_t = _dot(v, do_t, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE)
+            dv = dot(round_to_output(p_t, OUT_DTYPE), do, dv, DOT_MODE)
+            dp_t = dot(v, do_t, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_MODE)
             ds_t = p_t * (dp_t - delta[None, :])
             q = tl.trans(q_t)
-            dk = _dot(round_to_output(ds_t, OUT_DTYPE), q, dk, IEEE)
+            dk = dot(round_to_output(ds_t, OUT_DTYPE), q, dk, DOT_MODE)
     dk = dk * scale
     tl.store(dk_ptr + batch * sdk_b + kv_head * sdk_h + rn[:, None] * sdk_t + rd[None, :] * sdk_d, round_to_output(dk, OUT_DTYPE), mask=kv_mask)
     tl.store(dv_ptr + batch * sdv_b + kv_head * sdv_h + rn[:, None] * sdv_t + rd[None, :] * sdv_d, round_to_output(dv, OUT_DTYPE), mask=kv_mask)
@@ -141,7 +133,7 @@ def _attention_bwd_dq_kernel(
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d, sl_b, sl_h, sl_t,
     sdq_b, sdq_h, sdq_t, sdq_d,
     heads, group, seq_len, head_dim, scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
     batch = tl.program_id(1) // heads
@@ -165,12 +157,12 @@ def _attention_bwd_dq_kernel(
         n_ok = rn < seq_len
         k_t = tl.load(k_base + rn[None, :] * sk_t + rd[:, None] * sk_d, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
         v_t = tl.load(v_base + rn[None, :] * sv_t + rd[:, None] * sv_d, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        scores = _dot(q, k_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * scale
+        scores = dot(q, k_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_MODE) * scale
         visible = (rn[None, :] <= rm[:, None]) & n_ok[None, :] & m_ok[:, None]
         p = tl.where(visible, tl.exp(scores - lse[:, None]), 0.0)
-        dp = _dot(do, v_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
+        dp = dot(do, v_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_MODE)
         ds = p * (dp - delta[:, None])
-        dq = _dot(round_to_output(ds, OUT_DTYPE), tl.trans(k_t), dq, IEEE)
+        dq = dot(round_to_output(ds, OUT_DTYPE), tl.trans(k_t), dq, DOT_MODE)
     dq = dq * scale
     tl.store(dq_ptr + batch * sdq_b + head * sdq_h + rm[:, None] * sdq_t + rd[None, :] * sdq_d, round_to_output(dq, OUT_DTYPE), mask=q_mask)
 
@@ -187,18 +179,24 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
     if q.numel() == 0:
         return lse
     grid = (triton.cdiv(seq_len, BLOCK_M), batch * heads)
-    _attention_fwd_kernel[grid](
-        q, k, v, out, lse,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-        heads, heads // kv_heads, seq_len, head_dim, 1.0 / math.sqrt(head_dim),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), IEEE=q.dtype == torch.float32, OUT_DTYPE=out_code(q.dtype),
-        **launch_options(),
-    )
+    with device_guard(q):
+        _attention_fwd_kernel[grid](
+            q, k, v, out, lse,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+            heads, heads // kv_heads, seq_len, head_dim, 1.0 / math.sqrt(head_dim),
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), DOT_MODE=dot_mode(q.dtype), OUT_DTYPE=out_code(q.dtype),
+            **launch_options(),
+        )
     return lse
 
 
 def attention_backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v) -> None:
     """Writes grad_q (like q), grad_k, grad_v (like k, v) from what forward saved (out, lse)."""
+    with device_guard(q):
+        _attention_backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v)
+
+
+def _attention_backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v) -> None:
     batch, heads, seq_len, head_dim = q.shape
     kv_heads = k.shape[1]
     if q.numel() == 0:
@@ -211,7 +209,7 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v) -> N
     _attention_bwd_preprocess[(triton.cdiv(seq_len, BLOCK_M), batch * heads)](
         out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_len, head_dim, BLOCK_M=BLOCK_M, BLOCK_D=block_d,
     )
-    common = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=block_d, IEEE=q.dtype == torch.float32, OUT_DTYPE=out_code(q.dtype))
+    common = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=block_d, DOT_MODE=dot_mode(q.dtype), OUT_DTYPE=out_code(q.dtype))
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *lse.stride())
     _attention_bwd_dkdv_kernel[(triton.cdiv(seq_len, BLOCK_N), batch * kv_heads)](
         q, k, v, grad_out, lse, delta, grad_k, grad_v,

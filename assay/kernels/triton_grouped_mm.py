@@ -8,7 +8,7 @@
 Tiles never straddle two experts: grouped_mm launches cdiv(M, BLOCK_M) + E row tiles (an upper
 bound on the tiles the groups need, known without reading the counts on the host) and each program
 finds its expert by walking the offsets; the spare programs return at once. Accumulation is float32;
-float32 inputs multiply in full precision (input_precision="ieee", not TF32).
+float32 inputs multiply in full precision (triton_common.dot_mode).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from assay.kernels.triton_common import launch_options, out_code, round_to_output
+from assay.kernels.triton_common import device_guard, dot, dot_mode, launch_options, out_code, round_to_output
 
 BLOCK_M, BLOCK_N, BLOCK_K = 32, 32, 32
 
@@ -27,7 +27,7 @@ def _grouped_mm_kernel(
     a_ptr, b_ptr, c_ptr, offsets_ptr,
     n_experts, N, K,
     sa_m, sa_k, sb_e, sb_k, sb_n, sc_m, sc_n,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -56,10 +56,7 @@ def _grouped_mm_kernel(
             b = tl.load(
                 b_ptr + expert * sb_e + rk[:, None] * sb_k + rn[None, :] * sb_n, mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0
             )
-            if IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+            acc = dot(a, b, acc, DOT_MODE)
         mask = (rm[:, None] < row_end) & (rn[None, :] < N)
         tl.store(c_ptr + rm[:, None] * sc_m + rn[None, :] * sc_n, round_to_output(acc, OUT_DTYPE), mask=mask)
 
@@ -69,7 +66,7 @@ def _grouped_mm_weight_kernel(
     g_ptr, a_ptr, out_ptr, offsets_ptr,
     P, Q,
     sg_m, sg_p, sa_m, sa_q, so_e, so_p, so_q,
-    BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):
     expert = tl.program_id(0)
     rp = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -81,10 +78,7 @@ def _grouped_mm_weight_kernel(
         rows = r0 + tl.arange(0, BLOCK_K)
         g_t = tl.load(g_ptr + rows[None, :] * sg_m + rp[:, None] * sg_p, mask=(rows[None, :] < end) & (rp[:, None] < P), other=0.0)
         a = tl.load(a_ptr + rows[:, None] * sa_m + rq[None, :] * sa_q, mask=(rows[:, None] < end) & (rq[None, :] < Q), other=0.0)
-        if IEEE:
-            acc = tl.dot(g_t, a, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(g_t, a, acc)
+        acc = dot(g_t, a, acc, DOT_MODE)
     mask = (rp[:, None] < P) & (rq[None, :] < Q)
     tl.store(out_ptr + expert * so_e + rp[:, None] * so_p + rq[None, :] * so_q, round_to_output(acc, OUT_DTYPE), mask=mask)
 
@@ -97,13 +91,14 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
     if rows == 0 or cols == 0:
         return out
     grid = (triton.cdiv(rows, BLOCK_M) + n_experts, triton.cdiv(cols, BLOCK_N))
-    _grouped_mm_kernel[grid](
-        a, b, out, offsets,
-        n_experts, cols, inner,
-        *a.stride(), *b.stride(), *out.stride(),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=a.dtype == torch.float32, OUT_DTYPE=out_code(a.dtype),
-        **launch_options(),
-    )
+    with device_guard(a):
+        _grouped_mm_kernel[grid](
+            a, b, out, offsets,
+            n_experts, cols, inner,
+            *a.stride(), *b.stride(), *out.stride(),
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, DOT_MODE=dot_mode(a.dtype), OUT_DTYPE=out_code(a.dtype),
+            **launch_options(),
+        )
     return out
 
 
@@ -116,11 +111,12 @@ def grouped_mm_weight(g: torch.Tensor, a: torch.Tensor, offsets: torch.Tensor) -
     if out.numel() == 0:
         return out
     grid = (n_experts, triton.cdiv(p_size, BLOCK_M), triton.cdiv(q_size, BLOCK_N))
-    _grouped_mm_weight_kernel[grid](
-        g, a, out, offsets,
-        p_size, q_size,
-        *g.stride(), *a.stride(), *out.stride(),
-        BLOCK_P=BLOCK_M, BLOCK_Q=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=g.dtype == torch.float32, OUT_DTYPE=out_code(g.dtype),
-        **launch_options(),
-    )
+    with device_guard(g):
+        _grouped_mm_weight_kernel[grid](
+            g, a, out, offsets,
+            p_size, q_size,
+            *g.stride(), *a.stride(), *out.stride(),
+            BLOCK_P=BLOCK_M, BLOCK_Q=BLOCK_N, BLOCK_K=BLOCK_K, DOT_MODE=dot_mode(g.dtype), OUT_DTYPE=out_code(g.dtype),
+            **launch_options(),
+        )
     return out

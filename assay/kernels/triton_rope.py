@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from assay.kernels.triton_common import launch_options, out_code, round_to_output
+from assay.kernels.triton_common import device_guard, launch_options, out_code, round_to_output
 
 BLOCK_T = 16
 
@@ -61,13 +61,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: boo
     if x.numel() == 0:
         return out
     grid = (batch * heads, triton.cdiv(seq_len, BLOCK_T))
-    _rope_kernel[grid](
-        x, out, cos, sin,
-        heads, seq_len, half,
-        *x.stride(), *out.stride(), *cos.stride(),
-        BLOCK_T=BLOCK_T, BLOCK_HALF=triton.next_power_of_2(half), BACKWARD=backward, OUT_DTYPE=out_code(x.dtype),
-        **launch_options(),
-    )
+    with device_guard(x):
+        _rope_kernel[grid](
+            x, out, cos, sin,
+            heads, seq_len, half,
+            *x.stride(), *out.stride(), *cos.stride(),
+            BLOCK_T=BLOCK_T, BLOCK_HALF=triton.next_power_of_2(half), BACKWARD=backward, OUT_DTYPE=out_code(x.dtype),
+            **launch_options(),
+        )
     return out
 
 

@@ -12,9 +12,11 @@ checkpoint can be resumed under another layout of the same model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -43,6 +45,14 @@ def complete_checkpoints(folder: str | Path) -> list[Path]:
 def latest_checkpoint(folder: str | Path) -> Path | None:
     checkpoints = complete_checkpoints(folder)
     return checkpoints[-1] if checkpoints else None
+
+
+@contextlib.contextmanager
+def _single_process_is_intended():
+    """DCP warns that it assumes one process whenever no process group exists; here that is the plan."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is .*single process")
+        yield
 
 
 def _rng_state() -> dict:
@@ -76,7 +86,8 @@ def save_checkpoint(
         staging.mkdir()
     barrier(layout)
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(staging), no_dist=not layout.distributed)
+    with _single_process_is_intended():
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(staging), no_dist=not layout.distributed)
     torch.save(_rng_state(), staging / f"rng-rank{layout.rank}.pt")
     barrier(layout)
     if layout.is_main:
@@ -103,7 +114,8 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     try:
-        dcp.load(state, checkpoint_id=str(path), no_dist=not layout.distributed)
+        with _single_process_is_intended():
+            dcp.load(state, checkpoint_id=str(path), no_dist=not layout.distributed)
     except Exception as error:  # DCP raises CheckpointException (a wrapper of each rank's failure)
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise AssayError(f"cannot load checkpoint {path} into this model: {first_line}") from None

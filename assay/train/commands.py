@@ -101,7 +101,9 @@ def _print_result(result, json_out: bool) -> None:
             title="check-init: first-step loss",
         )
     if result.kernels is not None:
-        print_key_values({"kernels": result.kernels}, title="kernel replacements")
+        dry_run = result.summary.get("stopped") == "kernels dry run"
+        print_table([{"replacement": line} for line in result.kernels], ["replacement"],
+                    title="kernel replacements" + (" (dry run: nothing replaced, not trained)" if dry_run else ""))
     summary = result.summary
     if not summary.get("steps_run"):
         return

@@ -8,6 +8,7 @@ the FLOP shape (for MFU), a random-init twin (for --check-init), parallelize and
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shutil
@@ -103,7 +104,7 @@ class NativeModel(TrainModel):
         return [Path(p) for p in self.family.export_hf(full_state_dict, self.args, out_dir, self.checkpoint)]
 
     def describe(self):
-        return super().describe() | {"spec": str(self.args)}
+        return super().describe() | {"spec": dataclasses.asdict(self.args) if dataclasses.is_dataclass(self.args) else str(self.args)}
 
 
 class HFModel(TrainModel):

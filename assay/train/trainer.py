@@ -10,6 +10,8 @@ the run before the optimizer applies it (TrainingDiverged), so every checkpoint 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 
 from assay.core.device import device_name, memory_in_use_bytes, resolve_device
 from assay.core.errors import AssayError
+from assay.core.files import atomic_write_text
 from assay.core.metrics import JsonlWriter, StepTimer, lookup_peak_flops, measure_peak_flops, mfu, read_jsonl, train_flops_per_token
 from assay.train import checkpoint as checkpoints
 from assay.train import distributed
@@ -187,146 +190,193 @@ def _validate(request: TrainRequest) -> None:
 
 def train(request: TrainRequest) -> TrainResult:
     """Run (or resume) one training job on this process's rank; returns what rank 0 should report."""
-    _validate(request)
-    dtype = resolve_dtype(request.dtype)
-    device = resolve_device(request.device)
-    world_size, _, local_rank = distributed.launched_world()
-    choice = ModelChoice(request.model, request.path, request.flavour, request.spec, request.slice_experts, request.seed)
-    torch.manual_seed(request.seed)
-    device = distributed.place_device(device, local_rank, world_size)
-    loaded = load_model(choice, device, dtype)
-    # Bad degrees are usage errors: reported before any process group exists, the same on every rank.
-    loaded.check_parallel(request.tp)
-    dp_shard, tp = distributed.plan_layout(request.dp_shard, request.tp, world_size)
-    layout = distributed.setup(device, dp_shard, tp)
+    trainer = Trainer(request)
     try:
-        return _train(request, loaded, layout, device, dtype)
+        return trainer.run()
     finally:
-        distributed.teardown(layout)
+        trainer.close()
 
 
-def _train(request: TrainRequest, loaded: TrainModel, layout: distributed.Layout, device: torch.device, dtype: torch.dtype) -> TrainResult:
-    tokenizer = load_tokenizer(loaded.checkpoint)
-    tokens = tokenize(load_texts(request.data), tokenizer, loaded.vocab_size)
-    batches = PackedBatches(tokens, request.seq_len, request.batch, request.seed, layout.dp_rank, layout.dp_shard)
-    first_inputs, first_labels = batches.batch_for(0)
+class Trainer:
+    """One job on this rank: __init__ sets everything up (model, checks, parallelism, compile, optimizer,
+    resume), step() runs one optimizer step and returns its record, run() is the whole loop.
 
-    init_check = None
-    if request.check_init:
-        init_check = check_init(loaded, first_inputs.to(device), first_labels.to(device), layout, request.seed)
-        if not init_check.weights_loaded:
-            return TrainResult([], {"stopped": "check-init: weights not loaded"}, check_init=init_check, model=loaded)
+    step() is public so a benchmark can interleave two trainers step by step on a shared machine.
+    """
 
-    kernels = None
-    if request.kernels is not None or request.kernels_filter is not None or request.kernels_dry_run:
-        if loaded.path != "native":
-            raise AssayError("--kernels replaces modules of the native model; use it with --path native")
-        kernels = apply_kernel_registry(loaded.model, list(request.kernels) if request.kernels else None, request.kernels_filter, request.kernels_dry_run)
-        if request.kernels_dry_run:
-            return TrainResult([], {"stopped": "kernels dry run"}, check_init=init_check, kernels=kernels, model=loaded)
+    def __init__(self, request: TrainRequest):
+        _validate(request)
+        self.request = request
+        self.dtype = resolve_dtype(request.dtype)
+        world_size, _, local_rank = distributed.launched_world()
+        self.device = distributed.place_device(resolve_device(request.device), local_rank, world_size)
+        torch.manual_seed(request.seed)
+        choice = ModelChoice(request.model, request.path, request.flavour, request.spec, request.slice_experts, request.seed)
+        self.loaded = load_model(choice, self.device, self.dtype)
+        # Bad degrees are usage errors: reported before any process group exists, the same on every rank.
+        self.loaded.check_parallel(request.tp)
+        dp_shard, tp = distributed.plan_layout(request.dp_shard, request.tp, world_size)
+        self.layout = distributed.setup(self.device, dp_shard, tp)
+        try:
+            self._set_up()
+        except BaseException:
+            self.close()
+            raise
 
-    if layout.distributed:
-        loaded.parallelize(layout.mesh, tp=layout.tp > 1, dp_shard=layout.dp_shard > 1)
+    def _set_up(self) -> None:
+        request, loaded, layout = self.request, self.loaded, self.layout
+        tokenizer = load_tokenizer(loaded.checkpoint)
+        tokens = tokenize(load_texts(request.data), tokenizer, loaded.vocab_size)
+        self.batches = PackedBatches(tokens, request.seq_len, request.batch, request.seed, layout.dp_rank, layout.dp_shard)
+        self.stopped: str | None = None  # why run() trains nothing (a failed check, a dry run)
+        self.init_check: CheckInit | None = None
+        self.kernels = None
+        self.compile_stats = None
+        if request.check_init:
+            inputs, labels = self.batches.batch_for(0)
+            self.init_check = check_init(loaded, inputs.to(self.device), labels.to(self.device), layout, request.seed)
+            if not self.init_check.weights_loaded:
+                self.stopped = "check-init: weights not loaded"
+                return
 
-    compile_stats = None
-    if request.compile:
-        from assay.core.compiling import CompileStats, compile_modules
+        if request.kernels is not None or request.kernels_filter is not None or request.kernels_dry_run:
+            if loaded.path != "native":
+                raise AssayError("--kernels replaces modules of the native model; use it with --path native")
+            names = list(request.kernels) if request.kernels else None
+            replacements = apply_kernel_registry(loaded.model, names, request.kernels_filter, request.kernels_dry_run)
+            self.kernels = [str(replacement) for replacement in replacements]
+            if request.kernels_dry_run:
+                self.stopped = "kernels dry run"
+                return
 
-        compile_stats = CompileStats()
-        # Per block, not the whole model: every layer reuses one graph, and FSDP's per-block
-        # hooks stay outside the compiled region.
-        compile_modules(loaded.blocks(), request.backend, compile_stats)
+        if layout.distributed:
+            loaded.parallelize(layout.mesh, tp=layout.tp > 1, dp_shard=layout.dp_shard > 1)
 
-    optimizer, scheduler = build_optimizer(loaded.model, request.optim, request.steps)
-    start_step = 0
-    last_checkpoint: Path | None = None
-    fingerprint = request.run_fingerprint()
-    if request.resume:
-        last_checkpoint = checkpoints.resume_point(request.checkpoint_dir, layout)
-        saved = checkpoints.load_checkpoint(last_checkpoint, loaded.model, optimizer, layout)
-        _check_same_run(saved.get("run", {}), fingerprint, last_checkpoint)
-        start_step = int(saved["step"])
-        scheduler.load_state_dict(saved["scheduler"])
-        if start_step >= request.steps:
-            raise AssayError(f"{last_checkpoint} is at step {start_step}; --steps {request.steps} leaves nothing to train")
+        if request.compile:
+            from assay.core.compiling import CompileStats, compile_modules
 
-    flop_shape = loaded.flop_shape
-    flops_per_token = train_flops_per_token(flop_shape.active_matmul_params, flop_shape.n_layers, flop_shape.attention_width, request.seq_len)
-    peak_flops, peak_source = _peak_flops(request.peak_flops, device, dtype) if layout.is_main else (None, "")
-    writer = _metrics_writer(request.metrics, start_step) if layout.is_main else JsonlWriter(None)
+            self.compile_stats = CompileStats()
+            # Per block, not the whole model: every layer reuses one graph, and FSDP's per-block
+            # hooks stay outside the compiled region.
+            compile_modules(loaded.blocks(), request.backend, self.compile_stats)
 
-    timer = StepTimer(device, warmup_steps=request.timing_warmup_steps)
-    tokens_per_step = request.batch * request.seq_len
-    records: list[dict] = []
-    loaded.model.train()
+        self.optimizer, self.scheduler = build_optimizer(loaded.model, request.optim, request.steps)
+        self.start_step = 0
+        self.last_checkpoint: Path | None = None
+        if request.resume:
+            self.last_checkpoint = checkpoints.resume_point(request.checkpoint_dir, layout)
+            saved = checkpoints.load_checkpoint(self.last_checkpoint, loaded.model, self.optimizer, layout)
+            _check_same_run(saved.get("run", {}), request.run_fingerprint(), self.last_checkpoint)
+            self.start_step = int(saved["step"])
+            self.scheduler.load_state_dict(saved["scheduler"])
+            if self.start_step >= request.steps:
+                raise AssayError(f"{self.last_checkpoint} is at step {self.start_step}; --steps {request.steps} leaves nothing to train")
 
-    from assay.core.compiling import watch
-    from assay.core.progress import progress_bar
+        shape = loaded.flop_shape
+        self.flops_per_token = train_flops_per_token(shape.active_matmul_params, shape.n_layers, shape.attention_width, request.seq_len)
+        self.peak_flops, self.peak_source = _peak_flops(request.peak_flops, self.device, self.dtype) if layout.is_main else (None, "")
+        self.timer = StepTimer(self.device, warmup_steps=request.timing_warmup_steps)
+        self.records: list[dict] = []
+        loaded.model.train()
 
-    with progress_bar(f"train {loaded.path}", total=request.steps - start_step, enabled=request.progress and layout.is_main) as advance:
-        with watch(compile_stats) if compile_stats is not None else _nothing():
-            for step in range(start_step, request.steps):
-                timer.start()
-                inputs, labels = batches.batch_for(step)
-                loss = next_token_loss(loaded.logits(inputs.to(device)), labels.to(device))
-                loss.backward()
-                grad_norm = clip_grad_norm(loaded.model.parameters(), request.optim.grad_clip)
-                global_loss = float(distributed.mean_over_ranks(loss.detach(), layout))
-                lr = scheduler.get_last_lr()[0]
-                if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
-                    timer.stop()
-                    what = f"loss is {global_loss}" if not math.isfinite(global_loss) else f"gradient norm is {grad_norm}"
-                    writer.write({"step": step + 1, "loss": None, "grad_norm": None, "lr": lr, "stopped": what})
-                    kept = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else "no checkpoint was written"
-                    raise TrainingDiverged(f"{what} at step {step + 1}: training stopped; {kept}", step + 1, last_checkpoint)
-                optimizer.step()
-                scheduler.step()
-                memory_bytes = memory_in_use_bytes(device)
-                optimizer.zero_grad(set_to_none=True)
-                step_s = timer.stop()
-                tokens_per_s = tokens_per_step / step_s
-                record = {
-                    "step": step + 1, "loss": global_loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens_per_step,
-                    "tokens_seen": batches.tokens_consumed(step + 1), "step_s": step_s, "tokens_per_s": tokens_per_s,
-                    "mfu": mfu(tokens_per_s, flops_per_token, peak_flops * layout.world_size if peak_flops else None),
-                    "memory_bytes": memory_bytes, "warmup": timer.last_is_warmup,
-                }
-                records.append(record)
-                writer.write(record)
-                advance(f"loss {global_loss:.4f}  {tokens_per_s:,.0f} tok/s")
-                done = step + 1
-                if request.checkpoint_dir is not None and (
-                    (request.checkpoint_every and done % request.checkpoint_every == 0) or done == request.steps
-                ):
-                    state = {"run": fingerprint, "scheduler": scheduler.state_dict(), "tokens_seen": batches.tokens_consumed(done)}
-                    last_checkpoint = checkpoints.save_checkpoint(
-                        request.checkpoint_dir, done, loaded.model, optimizer, state, layout, keep=request.keep_checkpoints
-                    )
+    def step(self, step: int) -> dict:
+        """Optimizer step number `step` (0-based); its record. TrainingDiverged on a NaN/inf loss or gradient."""
+        loaded, layout, device = self.loaded, self.layout, self.device
+        self.timer.start()
+        inputs, labels = self.batches.batch_for(step)
+        loss = next_token_loss(loaded.logits(inputs.to(device)), labels.to(device))
+        loss.backward()
+        grad_norm = clip_grad_norm(loaded.model.parameters(), self.request.optim.grad_clip)
+        global_loss = float(distributed.mean_over_ranks(loss.detach(), layout))
+        lr = self.scheduler.get_last_lr()[0]
+        if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
+            self.timer.stop()
+            what = f"loss is {global_loss}" if not math.isfinite(global_loss) else f"gradient norm is {grad_norm}"
+            kept = f"last good checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint was written"
+            raise TrainingDiverged(f"{what} at step {step + 1}: training stopped; {kept}", step + 1, self.last_checkpoint)
+        self.optimizer.step()
+        self.scheduler.step()
+        memory_bytes = memory_in_use_bytes(device)
+        self.optimizer.zero_grad(set_to_none=True)
+        step_s = self.timer.stop()
+        tokens = self.request.batch * self.request.seq_len
+        tokens_per_s = tokens / step_s
+        peak_all_ranks = self.peak_flops * layout.world_size if self.peak_flops else None
+        record = {
+            "step": step + 1, "loss": global_loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens,
+            "tokens_seen": self.batches.tokens_consumed(step + 1), "step_s": step_s, "tokens_per_s": tokens_per_s,
+            "mfu": mfu(tokens_per_s, self.flops_per_token, peak_all_ranks), "memory_bytes": memory_bytes,
+            "warmup": self.timer.last_is_warmup,
+        }
+        self.records.append(record)
+        return record
 
-    exported = None
-    if request.export_hf is not None:
-        exported = _export(loaded, request.export_hf, layout)
+    def save_checkpoint(self, done: int) -> Path:
+        state = {"run": self.request.run_fingerprint(), "scheduler": self.scheduler.state_dict(), "tokens_seen": self.batches.tokens_consumed(done)}
+        self.last_checkpoint = checkpoints.save_checkpoint(
+            self.request.checkpoint_dir, done, self.loaded.model, self.optimizer, state, self.layout, keep=self.request.keep_checkpoints
+        )
+        return self.last_checkpoint
 
-    summary = _summary(request, loaded, layout, records, flops_per_token, peak_flops, peak_source, compile_stats)
-    summary |= {"checkpoint": str(last_checkpoint) if last_checkpoint else None, "exported": str(exported) if exported else None}
-    return TrainResult(records, summary, check_init=init_check, kernels=kernels, exported=exported, last_checkpoint=last_checkpoint, model=loaded)
+    def run(self) -> TrainResult:
+        request, layout = self.request, self.layout
+        if self.stopped:
+            return TrainResult([], {"stopped": self.stopped}, check_init=self.init_check, kernels=self.kernels, model=self.loaded)
+        writer = _metrics_writer(request.metrics, self.start_step) if layout.is_main else JsonlWriter(None)
+        from assay.core.compiling import watch
+        from assay.core.progress import progress_bar
 
+        show_progress = request.progress and layout.is_main
+        with progress_bar(f"train {self.loaded.path}", total=request.steps - self.start_step, enabled=show_progress) as advance:
+            with watch(self.compile_stats) if self.compile_stats is not None else contextlib.nullcontext():
+                for step in range(self.start_step, request.steps):
+                    try:
+                        record = self.step(step)
+                    except TrainingDiverged as diverged:
+                        writer.write({"step": diverged.step, "loss": None, "grad_norm": None, "stopped": str(diverged).split(":")[0]})
+                        raise
+                    writer.write(record)
+                    advance(f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s")
+                    done = step + 1
+                    every = request.checkpoint_every
+                    if request.checkpoint_dir is not None and ((every and done % every == 0) or done == request.steps):
+                        self.save_checkpoint(done)
 
-class _nothing:
-    def __enter__(self):
-        return None
+        exported = _export(self.loaded, request.export_hf, layout) if request.export_hf is not None else None
+        summary = self.summary()
+        summary |= {"checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None, "exported": str(exported) if exported else None}
+        return TrainResult(
+            self.records, summary, check_init=self.init_check, kernels=self.kernels, exported=exported,
+            last_checkpoint=self.last_checkpoint, model=self.loaded,
+        )
 
-    def __exit__(self, *exc):
-        return False
+    def summary(self) -> dict:
+        request, loaded, layout, records = self.request, self.loaded, self.layout, self.records
+        warm, steady = warmup_records(records), steady_records(records)
+        total_params = sum(p.numel() for p in loaded.model.parameters())  # a DTensor counts its global size
+        return {
+            "model": request.model, **loaded.describe(), "device": str(self.device), "device_name": device_name(self.device),
+            "dtype": request.dtype, "world_size": layout.world_size, "dp_shard": layout.dp_shard, "tp": layout.tp,
+            "batch": request.batch, "seq_len": request.seq_len, "steps_run": len(records),
+            "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
+            "first_loss": records[0]["loss"] if records else None, "final_loss": records[-1]["loss"] if records else None,
+            "warmup_steps": len(warm), "warmup_s": sum(r["step_s"] for r in warm), "warmup_tokens_per_s": phase_tokens_per_s(warm),
+            "steady_steps": len(steady), "steady_step_s_mean": statistics.fmean(r["step_s"] for r in steady) if steady else None,
+            "steady_tokens_per_s": phase_tokens_per_s(steady), "steady_mfu": phase_mfu(steady),
+            "peak_memory_bytes": max((r["memory_bytes"] for r in records), default=None),
+            "params_total": total_params, "active_matmul_params": loaded.flop_shape.active_matmul_params,
+            "flops_per_token": self.flops_per_token, "peak_flops": self.peak_flops, "peak_flops_source": self.peak_source,
+            "compile": self.compile_stats.as_dict() | {"backend": request.backend} if self.compile_stats else None,
+        }
+
+    def close(self) -> None:
+        distributed.teardown(self.layout)
 
 
 def _metrics_writer(path: Path | None, start_step: int) -> JsonlWriter:
     """A fresh file, or on resume the earlier run's lines up to the resumed step (later ones are redone)."""
     if path is None or start_step == 0 or not Path(path).is_file():
         return JsonlWriter(path, truncate=True)
-    from assay.core.files import atomic_write_text
-    import json
-
     kept = [record for record in read_jsonl(path) if record.get("step", 0) <= start_step]
     atomic_write_text(path, "".join(json.dumps(record) + "\n" for record in kept))
     return JsonlWriter(path, truncate=False)
@@ -350,27 +400,3 @@ def _export(loaded: TrainModel, out_dir: Path, layout: distributed.Layout) -> Pa
         loaded.export(Path(out_dir), state)
     distributed.barrier(layout)
     return Path(out_dir)
-
-
-def _summary(request, loaded, layout, records, flops_per_token, peak_flops, peak_source, compile_stats) -> dict:
-    warm, steady = warmup_records(records), steady_records(records)
-    total_params = sum(p.numel() for p in loaded.model.parameters())  # a DTensor counts its global size
-    return {
-        "model": request.model, **loaded.describe(), "device": str(loaded_device(loaded)), "device_name": device_name(loaded_device(loaded)),
-        "dtype": request.dtype, "world_size": layout.world_size, "dp_shard": layout.dp_shard, "tp": layout.tp,
-        "batch": request.batch, "seq_len": request.seq_len, "steps_run": len(records),
-        "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
-        "first_loss": records[0]["loss"] if records else None, "final_loss": records[-1]["loss"] if records else None,
-        "warmup_steps": len(warm), "warmup_s": sum(r["step_s"] for r in warm), "warmup_tokens_per_s": phase_tokens_per_s(warm),
-        "steady_steps": len(steady), "steady_step_s_mean": statistics.fmean(r["step_s"] for r in steady) if steady else None,
-        "steady_tokens_per_s": phase_tokens_per_s(steady), "steady_mfu": phase_mfu(steady),
-        "peak_memory_bytes": max((r["memory_bytes"] for r in records), default=None),
-        "params_total": total_params, "active_matmul_params": loaded.flop_shape.active_matmul_params,
-        "flops_per_token": flops_per_token, "peak_flops": peak_flops, "peak_flops_source": peak_source,
-        "compile": compile_stats.as_dict() | {"backend": request.backend} if compile_stats else None,
-    }
-
-
-def loaded_device(loaded: TrainModel) -> torch.device:
-    parameter = next(loaded.model.parameters())
-    return getattr(parameter, "device", torch.device("cpu"))

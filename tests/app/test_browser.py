@@ -5,7 +5,7 @@ Gradio's table cells are virtualised: rows are waited for as attached, not visib
 
 from __future__ import annotations
 
-from app.builders import NEW, OLD, XSS_ERROR, XSS_MODEL, XSS_RUN_PY
+from app.builders import GPU, NEW, OLD, XSS_ERROR, XSS_MODEL, XSS_RUN_PY
 
 TIMEOUT_MS = 20_000
 
@@ -32,7 +32,11 @@ def _choose(page, elem_id: str, option: str) -> None:
     box = page.locator(f"#{elem_id} input").first
     box.click()
     box.fill(option)
-    page.locator("ul.options li", has_text=option).first.click()
+    page.locator(f'ul[role="listbox"] li[role="option"][aria-label="{option}"]').first.click()
+
+
+def _wait_value(page, box, prefix: str) -> None:
+    page.wait_for_function("([el, prefix]) => el.value.startsWith(prefix)", arg=[box.element_handle(), prefix], timeout=TIMEOUT_MS)
 
 
 def _type(page, elem_id: str, text: str) -> None:
@@ -71,26 +75,36 @@ def test_search_filter_open_a_model_and_compare_two_stacks(served_app, page, tmp
     assert "cuda:0" in text and "assay-zoo/qwen3" in text
 
     # Open the model by its row: its page lists every stack and shows the run.py that reproduces it.
-    page.locator("#listing").get_by_text("assay-zoo/qwen3", exact=True).first.click()
+    page.locator("#listing").get_by_text("assay-zoo/qwen3", exact=True).filter(visible=True).first.click()
     stacks = page.locator("#model-stacks")
     stacks.get_by_text(NEW, exact=True).first.wait_for(state="attached", timeout=TIMEOUT_MS)
     run_py = page.locator("#run-py")
     run_py.get_by_text("print('probe qwen3')").wait_for(timeout=TIMEOUT_MS)
     assert "FAIL_RUN" in stacks.inner_text() and "PASS" in stacks.inner_text()
     assert "assay probe zoo/qwen3" in page.locator("#command textarea, #command input").first.input_value()
-    assert page.locator("#download-run-py").is_enabled()
+    with page.expect_download() as download:
+        page.locator("#download-run-py").click()
+    assert download.value.suggested_filename == f"run_assay-zoo_qwen3_{GPU}_float32.py"
+    assert "print('probe qwen3')" in open(download.value.path(), encoding="utf-8").read()
     page.screenshot(path=tmp_path / "model-page.png", full_page=True)
 
     page.get_by_role("tab", name="Compare stacks").click()
+    diff = page.locator("#diff")
+    _choose(page, "base", NEW)
+    _choose(page, "new", OLD)  # backwards: the two regressions read as fixes
+    summary = page.locator("#compare-summary textarea, #compare-summary input").first
+    _wait_value(page, summary, f"{NEW} → {OLD}")
+    assert "fixed 2" in summary.input_value()
     _choose(page, "base", OLD)
     _choose(page, "new", NEW)
     page.locator("#compare-button").click()
-    diff = page.locator("#diff")
+    _wait_value(page, summary, f"{OLD} → {NEW}")
     diff.get_by_text("regressed", exact=True).first.wait_for(state="attached", timeout=TIMEOUT_MS)
-    first_row = diff.locator("tbody tr").first.inner_text()
-    assert "regressed" in first_row, first_row
-    summary = page.locator("#compare-summary textarea, #compare-summary input").first.input_value()
-    assert "pass rate" in summary and "regressed 2" in summary
+    cells = [line.strip() for line in diff.inner_text().splitlines() if line.strip()]
+    kinds = [c for c in cells if c in ("regressed", "fixed", "both fail", "only base", "only new", "skipped")]
+    # gpt2 is "skipped" twice: its change kind and its base result.
+    assert kinds == ["regressed", "regressed", "both fail", "only base", "only new", "skipped", "skipped"], kinds
+    assert "pass rate" in summary.input_value() and "regressed 2" in summary.input_value()
     page.screenshot(path=tmp_path / "compare.png", full_page=True)
 
 
@@ -100,16 +114,15 @@ def test_a_planted_script_in_a_result_stays_text(served_app, page):
     _type(page, "search", "evil/")
     _wait_listing(page, lambda t: "assay-zoo" not in t, "only the planted row")
     # The model name is shown literally in its cell (its <b> is characters, not bold).
-    cell = page.locator("#listing").get_by_text(XSS_MODEL, exact=True).first
-    cell.wait_for(state="attached", timeout=TIMEOUT_MS)
+    cell = page.locator("#listing").get_by_text(XSS_MODEL, exact=True).filter(visible=True).first
     cell.click()
     error_line = page.locator("#error-line textarea, #error-line input").first
-    page.wait_for_function("el => el.value.length > 0", arg=error_line.element_handle(), timeout=TIMEOUT_MS)
+    _wait_value(page, error_line, "<script>")
     assert error_line.input_value() == XSS_ERROR
     page.locator("#traceback-fold").get_by_text("full traceback").click()
     page.locator("#traceback").get_by_text(XSS_ERROR).wait_for(timeout=TIMEOUT_MS)
     page.locator("#run-py").get_by_text(XSS_RUN_PY.splitlines()[0]).wait_for(timeout=TIMEOUT_MS)
-    page.locator("#model-stacks").get_by_text('<img src=z onerror="window.__xss=5">', exact=True).wait_for(state="attached")
+    page.locator("#model-stacks").get_by_text('<img src=z onerror="window.__xss=5">', exact=True).first.wait_for(state="attached")
     page.wait_for_timeout(500)  # an injected onerror would fire once the bad image source fails
     assert page.evaluate("window.__xss") is None
     assert page.locator("#listing b, #model-stacks b, #model-stacks img, #listing img, #traceback script").count() == 0
