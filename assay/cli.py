@@ -95,6 +95,10 @@ def probe(
     new_tokens: int = typer.Option(32, "--new-tokens", help="tokens to generate"),
     task: Optional[str] = typer.Option(None, help="override the task inferred from the checkpoint"),
     skip: Optional[str] = typer.Option(None, help="record a deliberate SKIPPED row with this reason instead of running"),
+    devices: int = typer.Option(1, help="shard the model over this many devices (processes the probe starts itself)"),
+    judge: Optional[str] = typer.Option(None, help="a small causal LM that scores the sharded output's fluency"),
+    no_reference: bool = typer.Option(False, "--no-reference", help="sharded: skip the single-device reference (the judge decides)"),
+    parallelism: str = typer.Option("auto", help="sharded: auto (tensor where a TP plan exists, else expert), tensor or expert"),
     out: Path = typer.Option(Path("results"), help="results folder (one Parquet file per stack)"),
     timeout: Optional[float] = typer.Option(None, help="seconds; runs the probe in its own process and records TIMEOUT past it"),
     memory_limit_gb: Optional[float] = typer.Option(None, "--memory-limit-gb", help="address-space limit for the probe's own process (OOM past it)"),
@@ -109,7 +113,8 @@ def probe(
     if timeout is not None and timeout <= 0:
         raise AssayError("--timeout must be positive")
     limit = int(memory_limit_gb * 2**30) if memory_limit_gb else None
-    row = probe_and_record(ProbeRequest(model, device, backend, dtype, new_tokens, task, skip), out, timeout=timeout, memory_limit_bytes=limit)
+    request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism)
+    row = probe_and_record(request, out, timeout=timeout, memory_limit_bytes=limit)
     if json_out:
         print_json({k: v for k, v in row.items() if k not in ("run_py", "versions")})
     else:
@@ -193,7 +198,9 @@ def sweep(
     shard: Optional[str] = typer.Option(None, help="i/n: this machine's share of the model list"),
     executor: str = typer.Option("local", help="local or ray"),
     cache_dir: Optional[Path] = typer.Option(None, help="compile-cache folder for the probes (default: torch's)"),
-    max_devices: int = typer.Option(1, help="most devices one probe may take"),
+    max_devices: int = typer.Option(1, help="most devices one probe may take (a model goes on the fewest that hold it)"),
+    judge: Optional[str] = typer.Option(None, help="a small causal LM that scores sharded probes' fluency"),
+    no_reference: bool = typer.Option(False, "--no-reference", help="sharded probes: skip the single-device reference"),
     devices: Optional[int] = typer.Option(None, help="force this many devices per probe"),
     device_memory_gb: Optional[float] = typer.Option(None, "--device-memory-gb", help="per-device memory when the device cannot say"),
     force: bool = typer.Option(False, help="probe again models already recorded for this stack"),
@@ -209,7 +216,7 @@ def sweep(
 
     chosen = shard_models(collect_models(models or [], str(zoo) if zoo else None, str(list_file) if list_file else None), parse_shard(shard))
     request = SweepRequest(
-        models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens),
+        models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens, judge=judge, reference=not no_reference),
         workers=workers, timeout=timeout, memory_limit_bytes=int(memory_limit_gb * 2**30) if memory_limit_gb else None,
         force=force, executor=executor, cache_dir=cache_dir, max_devices=max_devices, devices=devices,
         device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None, progress=not json_out,

@@ -42,6 +42,10 @@ class ProbeRequest:
     new_tokens: int = 32
     task: str | None = None  # inferred from the checkpoint when None
     skip_reason: str | None = None  # record a deliberate SKIPPED row instead of running
+    devices: int = 1  # > 1: shard the model over this many devices, in processes the probe starts
+    judge: str | None = None  # a causal LM that scores fluency (required when sharded without a reference)
+    reference: bool = True  # compare with a single-device CPU eager run (skipped only when unaffordable)
+    parallelism: str = "auto"  # sharded: "auto" (tensor where a TP plan exists, else expert), "tensor", "expert"
 
 
 @dataclass
@@ -140,6 +144,18 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
     ref = resolve_model(request.model)
     task = infer_task(ref, request.task)
     stack = collect_stack(device.type, backend)
+    if request.devices < 1:
+        raise AssayError("--devices must be at least 1")
+    if request.parallelism not in ("auto", "tensor", "expert"):
+        raise AssayError(f"unknown parallelism {request.parallelism!r} (auto, tensor or expert)")
+    parallelism = "single" if request.devices == 1 else sharding_plan(ref, request.parallelism)
+    if request.devices > 1 and not request.judge and not request.reference:
+        raise AssayError("a sharded probe without a single-device reference needs --judge MODEL")
+    if request.judge:
+        resolve_model(request.judge)  # a bad judge path is bad input, found before any work
+    checks = ["tokens-vs-cpu-eager"] if request.reference else []
+    if request.devices > 1 and request.judge:
+        checks.append("judge")
     row = empty_row() | {
         "model": ref.name,
         "model_name": ref.name.rsplit("/", 1)[-1],
@@ -150,13 +166,13 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
         "device_name": stack.device_name,
         "backend": backend,
         "dtype": request.dtype,
-        "num_devices": 1,
-        "parallelism": "single",
+        "num_devices": request.devices,
+        "parallelism": parallelism,
         "stack_id": stack.stack_id,
         "stack_label": stack.label,
         "versions": stack.versions_json(),
         "new_tokens": request.new_tokens,
-        "check": "tokens-vs-cpu-eager",
+        "check": "+".join(checks),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "assay_version": __version__,
@@ -165,12 +181,41 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
     row["run_py"] = render_run_py(
         model_path=ref.load_path, task=task, device=str(device), dtype=request.dtype, backend=backend,
         new_tokens=request.new_tokens, stack_label=stack.label, stack_id=stack.stack_id,
+        parallelism=parallelism, num_devices=request.devices,
     )
     row["command"] = (
         f"assay probe {request.model} --device {request.device} --backend {backend} --dtype {request.dtype} "
-        f"--new-tokens {request.new_tokens} --out results/"
+        f"--new-tokens {request.new_tokens}"
+        + (f" --devices {request.devices}" if request.devices > 1 else "")
+        + (f" --judge {request.judge}" if request.judge else "")
+        + " --out results/"
     )
     return ProbePlan(request, ref, task, device, backend, row)
+
+
+def sharding_plan(ref: ModelRef, wanted: str = "auto") -> str:
+    """How a model is sharded (compat.md): tensor parallel where it has a TP plan, else expert
+    parallel for MoE models with an expert plan; anything else cannot be sharded."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = ref.config.get("model_type")
+    try:
+        config_class = CONFIG_MAPPING[model_type] if model_type else None
+    except KeyError:
+        config_class = None
+    if config_class is None and ref.config:
+        raise AssayError(f"{ref.name}: unknown model_type {model_type!r}, cannot plan a sharded probe")
+    has_tp = config_class is None or bool(getattr(config_class, "base_model_tp_plan", None))
+    has_ep = config_class is not None and bool(getattr(config_class, "base_model_ep_plan", None))
+    if wanted == "tensor" and not has_tp or wanted == "expert" and not has_ep:
+        raise AssayError(f"{ref.name} ({model_type}) has no {wanted}-parallel plan")
+    if wanted != "auto":
+        return wanted
+    if has_tp:
+        return "tensor"
+    if has_ep:
+        return "expert"
+    raise AssayError(f"{ref.name} ({model_type}) has neither a tensor- nor an expert-parallel plan: it can only be probed on one device")
 
 
 def probe(request: ProbeRequest) -> dict:
@@ -190,6 +235,8 @@ def execute(plan: ProbePlan) -> dict:
         return finish("SKIPPED", request.skip_reason)
     if task not in TEXT_TASKS + IMAGE_TASKS:
         return finish("SKIPPED", f"task {task} is outside the probe's scope (text-generation, image-text-to-text)")
+    if request.devices > 1:
+        return _execute_sharded(plan, row, finish)
 
     stats = CompileStats()
     meter = PeakMemory(device)
@@ -248,6 +295,52 @@ def execute(plan: ProbePlan) -> dict:
         "FAIL_ACCURACY",
         f"token {mismatch.position} differs: device {mismatch.actual}, reference {mismatch.expected}; device token {verdict}",
     )
+
+
+def _execute_sharded(plan: ProbePlan, row: dict, finish) -> dict:
+    from assay.compat.sharded import probe_rank
+
+    request = plan.request
+    report = recipe.launch(
+        probe_rank, request.devices, plan.device.type,
+        args=(plan.ref.load_path, plan.task, plan.device.type, request.dtype, row["parallelism"], request.devices, plan.backend, request.new_tokens),
+    )
+    for key in ("load_s", "compile_s", "decode_tokens_per_s", "prompt_tokens", "peak_memory_bytes", "memory_kind"):
+        row[key] = report.get(key)
+    stats = report.get("stats") or {}
+    row.update(graphs=stats.get("graphs"), graph_breaks=stats.get("graph_breaks"), recompiles=stats.get("recompiles"))
+    if report["failure"]:
+        status, reason, error = report["failure"]
+        return finish(status, f"sharded over {request.devices} ({row['parallelism']} parallel): {reason}", error)
+    tokens = report["tokens"]
+    row["generated_tokens"] = tokens
+    # Checks: token equality with a single-device run is the stronger one and decides when present;
+    # the judge decides only without it (fluency is not correctness: compat.md).
+    notes = []
+    verdict = None
+    if request.judge:
+        from transformers import AutoTokenizer
+
+        from assay.compat.judge import judge_text
+
+        text = AutoTokenizer.from_pretrained(plan.ref.load_path).decode(tokens, skip_special_tokens=True)
+        verdict = judge_text(text, resolve_model(request.judge).load_path)
+        notes.append(verdict.reason)
+    where = f"sharded over {request.devices} ({row['parallelism']} parallel)"
+    if request.reference:
+        reference_model = recipe.load_model(plan.ref.load_path, plan.task, "cpu", request.dtype)
+        reference_inputs = recipe.make_inputs(plan.ref.load_path, plan.task, "cpu")
+        reference, top5 = recipe.generate(reference_model, reference_inputs, request.new_tokens, None, output_scores=True)
+        row["reference_tokens"] = reference
+        mismatch = compare_tokens(tokens, reference, top5)
+        if mismatch is not None:
+            row.update(first_mismatch=mismatch.position, mismatch_expected=mismatch.expected, mismatch_actual=mismatch.actual,
+                       mismatch_in_top5=mismatch.actual_in_reference_top5)
+            return finish("FAIL_ACCURACY", f"{where}: token {mismatch.position} differs from the single-device reference; " + "; ".join(notes))
+        return finish("PASS", f"{where}: {len(tokens)} greedy tokens equal the single-device CPU eager reference" + "".join(f"; {n}" for n in notes))
+    if verdict is not None and not verdict.fluent:
+        return finish("FAIL_ACCURACY", f"{where}: {verdict.reason}")
+    return finish("PASS", f"{where}: {verdict.reason}")
 
 
 def _record_compile_stats(row: dict, stats: CompileStats) -> None:

@@ -4,6 +4,8 @@ This module is copied verbatim into every result's run.py, so it imports nothing
 transformers and PIL: what the probe ran is exactly what a user re-runs.
 """
 
+import os
+
 import torch
 
 PROMPT = "The Python language reference describes the syntax and the core semantics of the language. A function"
@@ -11,13 +13,63 @@ IMAGE_PROMPT = "Describe this image."
 IMAGE_TASK = "image-text-to-text"
 
 
-def load_model(model_id, task, device, dtype):
-    """from_pretrained on the device, in the dtype; Hub ids and local folders take the same path."""
+def load_model(model_id, task, device, dtype, parallelism="single", num_devices=1):
+    """from_pretrained on the device, in the dtype; Hub ids and local folders take the same path.
+
+    Sharded (inside a torch.distributed process group): "tensor" uses the model's tp_plan, "expert"
+    its expert-parallel plan alone (MoE models without a tensor-parallel plan).
+    """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     auto = AutoModelForImageTextToText if task == IMAGE_TASK else AutoModelForCausalLM
-    model = auto.from_pretrained(model_id, dtype=getattr(torch, dtype), device_map=None)
-    return model.to(device).eval()
+    kwargs = {}
+    if parallelism == "tensor":
+        kwargs["tp_plan"] = "auto"
+    elif parallelism == "expert":
+        from transformers import DistributedConfig
+
+        # Experts split across the ranks; the dense weights FSDP-sharded over the same ranks.
+        kwargs["distributed_config"] = DistributedConfig(ep_size=num_devices, fsdp_size=num_devices, tp_size=1)
+    model = auto.from_pretrained(model_id, dtype=getattr(torch, dtype), **kwargs)
+    if parallelism == "single":
+        model = model.to(device)
+    return model.eval()
+
+
+def launch(fn, num_devices, device_type, args=()):
+    """Run fn(*args) on `num_devices` torch.distributed processes started here (no torchrun needed).
+
+    Returns what rank 0 returned. Each process gets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* as under
+    torchrun, and a process group (gloo on CPU, the device's own backend elsewhere).
+    """
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as scratch:
+        result_file = os.path.join(scratch, "rank0.pt")
+        mp.spawn(_rank_entry, args=(fn, num_devices, device_type, port, result_file, args), nprocs=num_devices, join=True)
+        return torch.load(result_file, weights_only=False)
+
+
+def _rank_entry(rank, fn, world_size, device_type, port, result_file, args):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    if device_type != "cpu":
+        getattr(torch, device_type).set_device(rank)
+    dist.init_process_group("gloo" if device_type == "cpu" else None)
+    try:
+        result = fn(*args)
+        if rank == 0:
+            torch.save(result, result_file)
+    finally:
+        dist.destroy_process_group()
 
 
 def synthetic_image():
@@ -81,7 +133,8 @@ def generate(model, inputs, new_tokens, config=None, output_scores=False):
         kwargs["disable_compile"] = True
     else:
         kwargs["compile_config"] = config
-    with torch.inference_mode():
+    # no_grad, not inference_mode: sharded (FSDP/expert-parallel) parameters must keep version counters.
+    with torch.no_grad():
         output = model.generate(**inputs, **kwargs)
     prompt_length = inputs["input_ids"].shape[1]
     tokens = output.sequences[0, prompt_length:].tolist()

@@ -11,7 +11,10 @@ import inspect
 from assay.compat import recipe
 
 
-def render_run_py(*, model_path: str, task: str, device: str, dtype: str, backend: str, new_tokens: int, stack_label: str, stack_id: str) -> str:
+def render_run_py(
+    *, model_path: str, task: str, device: str, dtype: str, backend: str, new_tokens: int, stack_label: str, stack_id: str,
+    parallelism: str = "single", num_devices: int = 1,
+) -> str:
     recipe_source = inspect.getsource(recipe)
     header = (
         f'"""Reproduce an assay probe: greedy generation of {new_tokens} tokens with a static cache under\n'
@@ -21,19 +24,31 @@ def render_run_py(*, model_path: str, task: str, device: str, dtype: str, backen
     )
     main = f'''
 
+MODEL = {model_path!r}
+TASK = {task!r}
+DEVICE = {device!r}
+DTYPE = {dtype!r}
+BACKEND = {backend!r}
+NEW_TOKENS = {new_tokens}
+PARALLELISM = {parallelism!r}  # "single", or how the model is sharded over NUM_DEVICES processes
+NUM_DEVICES = {num_devices}
+
+
+def run():
+    device = DEVICE
+    if NUM_DEVICES > 1 and DEVICE.split(":")[0] != "cpu":
+        device = DEVICE.split(":")[0] + ":" + os.environ["LOCAL_RANK"]
+    model = load_model(MODEL, TASK, device, DTYPE, PARALLELISM, NUM_DEVICES)
+    inputs = make_inputs(MODEL, TASK, device)
+    tokens, _ = generate(model, inputs, NEW_TOKENS, compile_config(BACKEND))
+    return tokens
+
+
 if __name__ == "__main__":
     import json
 
-    MODEL = {model_path!r}
-    TASK = {task!r}
-    DEVICE = {device!r}
-    DTYPE = {dtype!r}
-    BACKEND = {backend!r}
-    NEW_TOKENS = {new_tokens}
-
-    model = load_model(MODEL, TASK, DEVICE, DTYPE)
-    inputs = make_inputs(MODEL, TASK, DEVICE)
-    tokens, _ = generate(model, inputs, NEW_TOKENS, compile_config(BACKEND))
+    # Sharded: this script starts its own torch.distributed processes (no torchrun needed).
+    tokens = run() if NUM_DEVICES == 1 else launch(run, NUM_DEVICES, DEVICE.split(":")[0])
     print(json.dumps({{"model": MODEL, "tokens": tokens}}))
 '''
     body = recipe_source.split('"""', 2)[2].lstrip("\n")  # drop the module docstring, keep the code

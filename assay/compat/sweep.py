@@ -18,7 +18,7 @@ from assay.compat.isolate import run_isolated
 from assay.compat.placement import DevicePool, child_env, devices_needed
 from assay.compat.probe import ProbePlan, ProbeRequest, plan_probe
 from assay.compat.schema import FAILURES, ROW_KEY
-from assay.core.device import device_count, total_memory_bytes
+from assay.core.device import device_count, resolve_device, total_memory_bytes
 from assay.core.errors import AssayError
 
 
@@ -61,8 +61,13 @@ def plan_sweep(request: SweepRequest) -> tuple[list[ProbePlan], list[str]]:
     init_results(request.out)
     plans, already = [], []
     recorded: dict[str, set] = {}
+    device_type = resolve_device(request.probe.device).type
+    per_device_memory = request.device_memory_bytes or total_memory_bytes(device_type)
     for model in request.models:
         plan = plan_probe(replace(request.probe, model=model))
+        k = _devices_for(plan, request, per_device_memory)
+        if k != plan.request.devices:
+            plan = plan_probe(replace(plan.request, devices=k))
         stack_id = plan.row["stack_id"]
         if stack_id not in recorded:
             recorded[stack_id] = recorded_keys(request.out, stack_id)
@@ -85,10 +90,7 @@ def run_sweep(request: SweepRequest) -> SweepOutcome:
     plans, already = plan_sweep(request)
     device_type = plans[0].device.type if plans else "cpu"
     pool_size = max(device_count(device_type), 1)
-    per_device_memory = request.device_memory_bytes or (
-        total_memory_bytes(device_type) // max(request.workers, 1) if device_type == "cpu" else total_memory_bytes(device_type)
-    )
-    needs = {id(plan): _devices_for(plan, request, per_device_memory) for plan in plans}
+    needs = {id(plan): plan.request.devices for plan in plans}
     cores = os.cpu_count() or 1
     cache = {}
     if request.cache_dir is not None:

@@ -13,7 +13,7 @@ from assay.core.errors import AssayError
 
 CHECK_COLUMNS = ["kernel", "case", "dtype", "impl", "tensor", "max_abs", "rel", "reference_rel", "max_abs_vs_torch", "tol", "ok"]
 CHECK_HEADERS = {"max_abs": "max|d| f64", "rel": "rel f64", "reference_rel": "ref rel f64", "max_abs_vs_torch": "max|d| torch f32"}
-BENCH_COLUMNS = ["kernel", "case", "dtype", "mode", "impl", "kernel_ms", "reference_ms", "speedup"]
+BENCH_COLUMNS = ["kernel", "case", "dtype", "mode", "impl", "kernel_ms", "reference_ms", "speedup", "kernel_best_ms", "reference_best_ms", "speedup_best"]
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", help="float32 or bfloat16"),
         repeats: int = typer.Option(7, help="timed runs per measurement (median reported)"),
         warmup: int = typer.Option(2, help="runs before timing, not counted"),
-        out: Optional[Path] = typer.Option(Path("bench/results/kernels.json"), help="JSON file to write ('' for none)"),
+        out: str = typer.Option("bench/results/kernels.json", help="JSON file to write ('' for none)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Each kernel vs its reference, forward and forward+backward: medians and speed-up ratios."""
@@ -95,12 +95,12 @@ def register(app: typer.Typer) -> None:
             raise AssayError(f"--dtype {dtype!r}: expected float32 or bfloat16")
         if repeats < 1 or warmup < 0:
             raise AssayError("--repeats must be >= 1 and --warmup >= 0")
-        target = out if out is not None and str(out) else None
+        target = Path(out) if out.strip() else None
         report = bench_kernels(_names(kernels), device=device, dtype=getattr(torch, DTYPES[dtype]), warmup=warmup, repeats=repeats, out=target)
         if json_out:
             print_json(report.as_dict())
             return
-        print_table([r.__dict__ for r in report.rows], BENCH_COLUMNS, headers={"speedup": "speedup (ref/kernel)"},
+        print_table([r.__dict__ for r in report.rows], BENCH_COLUMNS, headers={"speedup": "speedup (median)", "kernel_best_ms": "kernel best", "reference_best_ms": "ref best", "speedup_best": "speedup (best)"},
                     title=f"kernels bench on {report.device_name} ({report.threads} threads, median of {repeats} after {warmup} warm-up)")
         if target is not None:
             typer.echo(f"wrote {target}")

@@ -201,7 +201,7 @@ _forced_impl: list[str] = []
 
 @contextlib.contextmanager
 def use_impl(impl: str) -> Iterator[None]:
-    """Force one implementation for every kernel call in the block (this thread of the program)."""
+    """Force one implementation ("torch" or "triton") for every kernel call in the block, process-wide."""
     if impl not in IMPLEMENTATIONS:
         raise AssayError(f"unknown kernel implementation {impl!r}; one of {', '.join(IMPLEMENTATIONS)}")
     _forced_impl.append(impl)
@@ -229,19 +229,20 @@ def triton_available() -> bool:
 
 
 def select_impl(kernel: Kernel, device: torch.device, tensors: Mapping[str, torch.Tensor]) -> str:
-    """The implementation a call runs: forced, else the device's; a "fallback" constraint redirects it.
+    """The implementation a call runs: forced (when the kernel has it), else the device's; a "fallback"
+    constraint redirects it.
 
     Raises AssayError when the tensors break an "error" constraint.
     """
     forced = forced_impl()
-    if forced == "triton":
+    if forced == "triton" and "triton" in kernel.impls:
         impl = "triton"
-    elif forced == "torch":
+    elif forced:  # "torch", or "triton" for a kernel that has no Triton implementation
         impl = kernel.impls[0]
     else:
         impl = kernel.device_impls.get(device.type, kernel.impls[0])
-    if impl not in kernel.impls:
-        raise AssayError(f"kernel {kernel.name} has no {impl} implementation (it has {', '.join(kernel.impls)})")
+        if impl not in kernel.impls:  # the default {"cuda": "triton"} on a kernel without a Triton implementation
+            impl = kernel.impls[0]
     if impl == "triton" and not triton_available():
         if forced == "triton":
             raise AssayError(f"{IMPL_ENV}=triton but Triton is not installed")

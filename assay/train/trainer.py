@@ -16,7 +16,6 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -106,10 +105,10 @@ class TrainResult:
     records: list[dict]
     summary: dict
     check_init: CheckInit | None = None
-    kernels: Any = None
+    kernels: list[str] | None = None  # one line per replaced module (or planned, in a dry run)
     exported: Path | None = None
     last_checkpoint: Path | None = None
-    model: Any = field(default=None, repr=False)  # the trained TrainModel (in-process callers, tests)
+    model: TrainModel | None = field(default=None, repr=False)  # the trained model (in-process callers, tests)
 
     @property
     def losses(self) -> list[float]:

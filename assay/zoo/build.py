@@ -37,15 +37,18 @@ def build_entry(entry: ZooEntry, target: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=target.parent))
     try:
         torch.manual_seed(entry_seed(entry.name))
-        config = entry.make_config()
-        auto = AutoModelForImageTextToText if entry.task == IMAGE_TEXT else AutoModelForCausalLM
-        model = auto.from_config(config, dtype=torch.float32)
-        if entry.pretrain_steps:
-            from assay.zoo.pretrain import pretrain_on_corpus
+        if entry.builder is not None:
+            entry.builder(entry, staging, entry_seed(entry.name))
+        else:
+            config = entry.make_config()
+            auto = AutoModelForImageTextToText if entry.task == IMAGE_TEXT else AutoModelForCausalLM
+            model = auto.from_config(config, dtype=torch.float32)
+            if entry.pretrain_steps:
+                from assay.zoo.pretrain import pretrain_on_corpus
 
-            pretrain_on_corpus(model, steps=entry.pretrain_steps, seed=entry_seed(entry.name))
-        model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2, do_sample=False)
-        model.save_pretrained(staging)
+                pretrain_on_corpus(model, steps=entry.pretrain_steps, seed=entry_seed(entry.name))
+            model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2, do_sample=False)
+            model.save_pretrained(staging)
         write_tokenizer(staging)
         if entry.task == IMAGE_TEXT:
             _write_processor(entry, staging)

@@ -34,6 +34,14 @@ class ZooEntry:
     features: tuple[str, ...]  # what it covers: tied, gqa, qk_norm, moe, sliding_window, ...
     make_config: Callable[[], object] = field(repr=False)
     pretrain_steps: int = 0  # > 0: trained briefly on the embedded corpus after init
+    # For an architecture Transformers does not know: (entry, folder, seed) writes config.json, the
+    # safetensors and generation_config.json itself; the build adds tokenizer and stamp as for any entry.
+    builder: Callable[["ZooEntry", object, int], None] | None = field(default=None, repr=False)
+
+    @property
+    def transformers_native(self) -> bool:
+        """True when Transformers' AutoModel classes load the checkpoint (every entry without a builder)."""
+        return self.builder is None
 
 
 def _common(**overrides) -> dict:
@@ -213,6 +221,21 @@ def _gemma3_vision():
     )
 
 
+def _gla():
+    from assay.models.gla import GLAArgs
+
+    return GLAArgs(vocab_size=VOCAB_SIZE, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN, max_seq_len=MAX_POSITIONS)
+
+
+def _gla_builder(init_std: float):
+    def build(entry: "ZooEntry", folder, seed: int) -> None:
+        from assay.zoo.native import write_gla_checkpoint
+
+        write_gla_checkpoint(entry, folder, seed, init_std)
+
+    return build
+
+
 TEXT = "text-generation"
 IMAGE_TEXT = "image-text-to-text"
 
@@ -235,6 +258,10 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("olmo2", "allenai/OLMo-2-0425-1B", TEXT, "Olmo2ForCausalLM", ("untied", "gqa", "qk_norm"), _olmo2),
         ZooEntry("smollm3", "HuggingFaceTB/SmolLM3-3B", TEXT, "SmolLM3ForCausalLM", ("tied", "gqa", "nope_layers"), _smollm3),
         ZooEntry("granite", "ibm-granite/granite-3.3-2b-base", TEXT, "GraniteForCausalLM", ("tied", "gqa", "scaled_residual"), _granite),
+        # Gated linear attention in fla's checkpoint layout (model_type "gla"): Transformers has no GLA, so
+        # these are written by the native model's export, and the compatibility probe records FAIL_LOAD.
+        ZooEntry("gla", "fla-hub/gla-1.3B-100B", TEXT, "GLAForCausalLM", ("untied", "linear_attention", "fixed_state"), _gla, builder=_gla_builder(INIT_RANGE)),
+        ZooEntry("gla-pretrained", "fla-hub/gla-1.3B-100B", TEXT, "GLAForCausalLM", ("untied", "linear_attention", "fixed_state", "trained"), _gla, pretrain_steps=300, builder=_gla_builder(0.02)),
         ZooEntry("llava", "llava-hf/llava-1.5-7b-hf", IMAGE_TEXT, "LlavaForConditionalGeneration", ("untied", "gqa", "vision"), _llava),
         ZooEntry("gemma3-vision", "google/gemma-3-4b-it", IMAGE_TEXT, "Gemma3ForConditionalGeneration", ("tied", "gqa", "qk_norm", "sliding_window", "vision"), _gemma3_vision),
     ]

@@ -1,0 +1,72 @@
+"""The probe on several devices: the processes it starts itself, one model sharded across them.
+
+Every rank loads its shard (tensor parallel through the model's tp_plan, or expert parallel), runs
+the same compiled generation as a one-device probe, and the ranks agree after each phase whether to
+go on (so one rank's failure ends all of them instead of leaving the others in a collective).
+Rank 0 reports; the checks (judge, single-device reference) run in the probe's own process.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+import torch
+
+from assay.compat import recipe
+
+
+def _all_ok(ok: bool) -> bool:
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if ok else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallelism: str, num_devices: int, backend: str, new_tokens: int) -> dict:
+    """Runs on every rank; rank 0's dict is the report."""
+    import torch.distributed as dist
+
+    from assay.compat.probe import _one_line, classify_exception
+    from assay.core.compiling import CompileStats, _counting_backend, watch
+    from assay.core.device import PeakMemory
+
+    rank = dist.get_rank()
+    device = device_type if device_type == "cpu" else f"{device_type}:{rank}"
+    report: dict = {"failure": None}
+    stats = CompileStats()
+
+    def fail(phase: str, exc: BaseException) -> None:
+        report["failure"] = (classify_exception(exc, phase), f"rank {rank}: {_one_line(exc)}", traceback.format_exc())
+
+    with PeakMemory(device) as meter:
+        try:
+            start = time.perf_counter()
+            model = recipe.load_model(load_path, task, device, dtype, parallelism, num_devices)
+            inputs = recipe.make_inputs(load_path, task, device)
+            report["load_s"] = time.perf_counter() - start
+            report["prompt_tokens"] = int(inputs["input_ids"].shape[1])
+        except Exception as exc:
+            fail("load", exc)
+        if _all_ok(report["failure"] is None):
+            config = recipe.compile_config(_counting_backend(backend, stats))
+            try:
+                with watch(stats):
+                    start = time.perf_counter()
+                    report["tokens"], _ = recipe.generate(model, inputs, new_tokens, config)
+                    report["compile_s"] = time.perf_counter() - start
+                    start = time.perf_counter()
+                    recipe.generate(model, inputs, new_tokens, config)
+                    report["decode_tokens_per_s"] = new_tokens / (time.perf_counter() - start)
+            except Exception as exc:
+                fail("compile" if "compile_s" not in report else "run", exc)
+            _all_ok(report["failure"] is None)
+    report["peak_memory_bytes"] = meter.peak_bytes
+    report["memory_kind"] = meter.kind
+    report["stats"] = stats.as_dict()
+    # The first failing rank's report wins: gather everyone's to rank 0.
+    reports = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, report)
+    failed = [r for r in reports if r["failure"]]
+    return failed[0] if failed else report

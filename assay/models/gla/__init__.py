@@ -1,0 +1,154 @@
+"""The native GLA causal LM: flavours, loading from / exporting to fla-layout checkpoints, state size.
+
+    FLAVOURS["3B"]                                        the reference design's size, as data
+    model, args = load_native_gla("zoo/gla")              a config.json + model.safetensors in fla's layout
+    logits, state = model.prefill(tokens); logits, state = model.decode_step(next_tokens, state)
+    export_hf(model, args, "out/", tokenizer_source_dir="zoo/gla")
+    state_bytes_per_sequence(FLAVOURS["3B"])               28,311,552: the same at 10 tokens or 100,000
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from assay.core.errors import AssayError
+from assay.models.gla.args import GLAArgs, apply_spec_overrides, fla_intermediate_size, parse_spec_overrides
+from assay.models.gla.model import GLA, ParamCounts, State, count_parameters
+from assay.models.gla.state_dict_adapter import from_hf, to_hf
+from assay.models.hf_checkpoint import (
+    CONFIG_FILE,
+    DEFAULT_MAX_SHARD_BYTES,
+    SafetensorsStateDict,
+    checkpoint_dir,
+    read_hf_config,
+    write_hf_checkpoint,
+)
+from assay.models.memory import linear_state_bytes_per_sequence
+
+# "tiny" has the zoo's sizes (hidden 64, 2 layers, 4 heads, SwiGLU 128, the zoo tokenizer's 1024 tokens).
+# "1.3B" is fla-hub/gla-1.3B-100B's config.json. "3B" is the fixed-state reference (3.028B parameters,
+# 24 layers; shared/context/fixed-state.md); the article gives neither width, heads nor vocabulary, so:
+# hidden 3072 with fla's defaults (expand_k 0.5, expand_v 1, hidden_ratio 4) and a 50,304-token
+# vocabulary (GPT-2's 50,257 padded to a multiple of 64) land on 3.029B; 16 heads put the float32
+# state at 28.3 MB per sequence, next to the article's "about 29.5 MB".
+_TINY = GLAArgs(vocab_size=1024, dim=64, n_layers=2, n_heads=4, hidden_dim=128)
+FLAVOURS: dict[str, GLAArgs] = {
+    "tiny": _TINY,
+    "tiny-tied": replace(_TINY, tie_embeddings=True),
+    "340M": GLAArgs(vocab_size=32000, dim=1024, n_layers=24, n_heads=4, tie_embeddings=True),
+    "1.3B": GLAArgs(vocab_size=32000, dim=2048, n_layers=24, n_heads=4),
+    "2.7B": GLAArgs(vocab_size=32000, dim=2560, n_layers=32, n_heads=5),
+    "3B": GLAArgs(vocab_size=50304, dim=3072, n_layers=24, n_heads=16, chunk_size=128),
+}
+
+# Copied from the source config on export: they belong to the tokenizer, not to the architecture.
+_TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def flavour(name: str) -> GLAArgs:
+    try:
+        return FLAVOURS[name]
+    except KeyError:
+        raise AssayError(f"unknown GLA flavour {name!r}; known: {', '.join(FLAVOURS)}") from None
+
+
+def state_bytes_per_sequence(args: GLAArgs, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of one sequence's decoding state: layers x heads x K_head x V_head x element size.
+
+    Nothing in it grows with the sequence (compare assay.models.memory.kv_cache_bytes_per_sequence).
+    float32 by default: the recurrence accumulates, and hands back, its state in float32.
+    """
+    return linear_state_bytes_per_sequence(args.n_layers, args.n_heads, args.head_k_dim, args.head_v_dim, dtype)
+
+
+def build_gla(args: GLAArgs, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0, std: float = 0.02) -> GLA:
+    """A randomly initialised model (on "meta": shapes only, for counting or parallelize-then-materialise)."""
+    with torch.device(device):
+        model = GLA(args)
+    if torch.device(device).type != "meta":
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        model.init_weights(std=std, generator=generator)
+    return model.to(dtype=dtype)
+
+
+def load_native_gla(
+    path_or_dir: str | os.PathLike,
+    spec_overrides: str | Mapping[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[GLA, GLAArgs]:
+    """Build the native GLA that the checkpoint's config.json describes (after overrides) and load its weights."""
+    folder = checkpoint_dir(path_or_dir)
+    args = apply_spec_overrides(GLAArgs.from_hf_config(read_hf_config(folder)), spec_overrides)
+    native = from_hf(SafetensorsStateDict(folder), args)
+    with torch.device("meta"):
+        model = GLA(args)
+    expected = model.state_dict()
+    mismatched = [
+        f"{key} {tuple(native[key].shape)} vs spec {tuple(meta.shape)}"
+        for key, meta in expected.items()
+        if tuple(native[key].shape) != tuple(meta.shape)
+    ]
+    if mismatched:
+        shown = "; ".join(mismatched[:4]) + (f"; ... ({len(mismatched)} in all)" if len(mismatched) > 4 else "")
+        raise AssayError(f"checkpoint tensors do not fit the GLA spec: {shown}")
+    converted: dict[int, torch.Tensor] = {}  # by id: a tied embedding/output is converted once
+    weights = {}
+    for key in expected:
+        if id(native[key]) not in converted:
+            converted[id(native[key])] = native[key].to(device=device, dtype=dtype)
+        weights[key] = converted[id(native[key])]
+    model.load_state_dict(weights, strict=True, assign=True)
+    model.tie_weights()  # assign=True gave output and embedding separate Parameters
+    return model, args
+
+
+def export_hf(
+    model: nn.Module | Mapping[str, torch.Tensor],
+    args: GLAArgs,
+    out_dir: str | os.PathLike,
+    tokenizer_source_dir: str | os.PathLike | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    extra_config: Mapping[str, Any] | None = None,
+) -> list[os.PathLike]:
+    """Write an fla-layout checkpoint: safetensors with GLAForCausalLM's key names, config.json
+    (model_type "gla"), and from the source checkpoint its tokenizer files and generation_config.json.
+
+    `model` is a native GLA or its full (gathered, plain-tensor) state dict. extra_config: further
+    config.json fields (token ids when there is no source checkpoint to copy them from).
+    """
+    state_dict = model.state_dict() if isinstance(model, nn.Module) else model
+    hf_state_dict = to_hf(state_dict, args)
+    config = args.to_hf_config()
+    config["dtype"] = str(next(iter(hf_state_dict.values())).dtype).removeprefix("torch.")
+    if tokenizer_source_dir is not None and (checkpoint_dir(tokenizer_source_dir) / CONFIG_FILE).is_file():
+        source_config = read_hf_config(tokenizer_source_dir)
+        config.update({key: source_config[key] for key in _TOKEN_ID_KEYS if key in source_config})
+    config.update(extra_config or {})
+    return write_hf_checkpoint(out_dir, hf_state_dict, config, source_dir=tokenizer_source_dir, max_shard_bytes=max_shard_bytes)
+
+
+__all__ = [
+    "FLAVOURS",
+    "GLA",
+    "GLAArgs",
+    "ParamCounts",
+    "State",
+    "apply_spec_overrides",
+    "build_gla",
+    "count_parameters",
+    "export_hf",
+    "fla_intermediate_size",
+    "flavour",
+    "from_hf",
+    "load_native_gla",
+    "parse_spec_overrides",
+    "state_bytes_per_sequence",
+    "to_hf",
+]

@@ -1,0 +1,213 @@
+"""The native GLA causal LM, top to bottom: GLAOperator, GatedLinearAttention, Block, GLA.
+
+Three ways through the same weights:
+  forward(tokens) -> logits                         training: every layer through gla_chunk, no state kept
+  prefill(tokens, state=None) -> (logits, state)     a prompt: gla_chunk, its final state kept per layer
+  decode_step(tokens, state) -> (logits, state)      one token per sequence: gla_step, the state updated
+The state is a list with one float32 [B, H, K, V] tensor per layer (H, K, V per head): it has the same
+size after any number of tokens, which is what the serving engine pools per sequence.
+
+Layer math, as fla's GatedLinearAttention (mode "chunk", no short convolution, no feature map):
+  q = x Wq, k = x Wk: [B, T, H, K];  v = x Wv: [B, T, H, V]
+  g = logsigmoid(gk_up(gk_down(x))) / gate_logit_normalizer: [B, T, H, K], the log forget gate (<= 0)
+  o = GLA(q, k, v, g) with scale K**-0.5;  o = RMSNorm_per_head(o) * swish(x Wg);  out = o Wo
+
+Kernel seams (a replacement registry swaps modules by name, never code in this file):
+  layers.{i}.attention.gla   GLAOperator   (q, k, v, g, initial_state, output_final_state) -> (o, state), [B, T, H, D]
+
+No torch.distributed here: tensor parallelism and FSDP are applied from outside (parallelize.py).
+Every projection infers its local head count from its width, so column-sharded weights work as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from assay.models.gla.args import GLAArgs
+from assay.models.qwen3.model import MLP, RMSNorm
+from assay.ops import gla_chunk, gla_step
+
+# One float32 [B, H, K, V] tensor per layer.
+State = list[torch.Tensor]
+
+
+class GLAOperator(nn.Module):
+    """The gated-linear-attention recurrence over [B, T, H, D]: chunkwise in parallel, or one step."""
+
+    def __init__(self, chunk_size: int):
+        super().__init__()
+        self.chunk_size = chunk_size
+
+    def forward(self, q, k, v, g, initial_state=None, output_final_state=False):
+        # q, k, g: [B, T, H, K]; v: [B, T, H, V]; initial_state: [B, H, K, V] -> o [B, T, H, V], state or None
+        return gla_chunk(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state, chunk_size=self.chunk_size)
+
+    def step(self, q, k, v, g, state):
+        # q, k, g: [B, H, K]; v: [B, H, V]; state: [B, H, K, V] -> o [B, H, V], new state
+        return gla_step(q, k, v, g, state)
+
+    def extra_repr(self) -> str:
+        return f"chunk_size={self.chunk_size}"
+
+
+class GatedLinearAttention(nn.Module):
+    def __init__(self, args: GLAArgs):
+        super().__init__()
+        self.head_k_dim, self.head_v_dim = args.head_k_dim, args.head_v_dim
+        self.gate_logit_normalizer = args.gate_logit_normalizer
+        self.clamp_min = args.clamp_min
+        self.wq = nn.Linear(args.dim, args.key_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.key_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.value_dim, bias=False)
+        # Low-rank forget gate: dim -> rank -> key_dim; the bias sets each channel's resting decay.
+        self.gk_down = nn.Linear(args.dim, args.gate_low_rank_dim, bias=False)
+        self.gk_up = nn.Linear(args.gate_low_rank_dim, args.key_dim, bias=True)
+        self.wg = nn.Linear(args.dim, args.value_dim, bias=False) if args.use_output_gate else None
+        self.wo = nn.Linear(args.value_dim, args.dim, bias=False)
+        self.out_norm = RMSNorm(args.head_v_dim, args.norm_eps)  # one weight shared by every head
+        self.gla = GLAOperator(args.chunk_size)
+
+    def _project(self, x: torch.Tensor):
+        # x: [B, T, dim] -> q, k, g [B, T, H, K]; v [B, T, H, V] (H: this rank's heads under TP)
+        batch, seq_len, _ = x.shape
+        q = self.wq(x).view(batch, seq_len, -1, self.head_k_dim)
+        k = self.wk(x).view(batch, seq_len, -1, self.head_k_dim)
+        v = self.wv(x).view(batch, seq_len, -1, self.head_v_dim)
+        g = F.logsigmoid(self.gk_up(self.gk_down(x))).view(batch, seq_len, -1, self.head_k_dim) / self.gate_logit_normalizer
+        if self.clamp_min is not None:
+            g = g.clamp_min(self.clamp_min)
+        return q, k, v, g
+
+    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # o: [B, T, H, V]; x: [B, T, dim] -> [B, T, dim]
+        batch, seq_len, _ = x.shape
+        o = self.out_norm(o)
+        if self.wg is not None:
+            o = o * F.silu(self.wg(x)).view(batch, seq_len, -1, self.head_v_dim)
+        return self.wo(o.reshape(batch, seq_len, -1))
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False):
+        # x: [B, T, dim]; state: [B, H, K, V] or None -> ([B, T, dim], final state or None)
+        q, k, v, g = self._project(x)
+        o, final_state = self.gla(q, k, v, g, initial_state=state, output_final_state=output_final_state)
+        return self._output(o, x), final_state
+
+    def step(self, x: torch.Tensor, state: torch.Tensor):
+        # x: [B, 1, dim]; state: [B, H, K, V] -> ([B, 1, dim], new state)
+        q, k, v, g = self._project(x)
+        o, new_state = self.gla.step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], state)
+        return self._output(o.unsqueeze(1), x), new_state
+
+
+class Block(nn.Module):
+    def __init__(self, args: GLAArgs, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = GatedLinearAttention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp = MLP(args.dim, args.hidden_dim)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False):
+        # x: [B, T, dim] -> ([B, T, dim], final state [B, H, K, V] or None)
+        attended, final_state = self.attention(self.attention_norm(x), state, output_final_state)
+        h = x + attended
+        return h + self.mlp(self.ffn_norm(h)), final_state
+
+    def step(self, x: torch.Tensor, state: torch.Tensor):
+        # x: [B, 1, dim]; state: [B, H, K, V] -> ([B, 1, dim], new state)
+        attended, new_state = self.attention.step(self.attention_norm(x), state)
+        h = x + attended
+        return h + self.mlp(self.ffn_norm(h)), new_state
+
+
+class GLA(nn.Module):
+    def __init__(self, args: GLAArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args, layer_id) for layer_id in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the output head (again after load_state_dict(assign=True) or to_empty)."""
+        if self.args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """fla's initialisation: normal(0, std) matrices and embedding, zero biases, unit norms."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, std, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # tokens: [B, T] -> logits: [B, T, vocab]
+        h = self.tok_embeddings(tokens)
+        for block in self.layers:
+            h, _ = block(h)
+        return self.output(self.norm(h))
+
+    def init_state(self, batch: int) -> State:
+        """Zeros: the state of sequences that have seen no token (what prefill starts from)."""
+        args, device = self.args, self.tok_embeddings.weight.device
+        return [torch.zeros(batch, args.n_heads, args.head_k_dim, args.head_v_dim, device=device) for _ in self.layers]
+
+    def prefill(self, tokens: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
+        # tokens: [B, T]; state: per layer [B, H, K, V] or None (a fresh sequence) -> logits [B, T, vocab], state
+        h = self.tok_embeddings(tokens)
+        new_state = []
+        for layer_id, block in enumerate(self.layers):
+            h, layer_state = block(h, None if state is None else state[layer_id], output_final_state=True)
+            new_state.append(layer_state)
+        return self.output(self.norm(h)), new_state
+
+    def decode_step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        # tokens: [B, 1]; state: per layer [B, H, K, V] -> logits [B, 1, vocab], the state after these tokens
+        h = self.tok_embeddings(tokens)
+        new_state = []
+        for block, layer_state in zip(self.layers, state):
+            h, layer_state = block.step(h, layer_state)
+            new_state.append(layer_state)
+        return self.output(self.norm(h)), new_state
+
+    @torch.no_grad()
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy continuation: tokens [B, T] -> [B, T + max_new_tokens]. The state never grows."""
+        generated, _ = self.generate_with_state(tokens, max_new_tokens)
+        return generated
+
+    @torch.no_grad()
+    def generate_with_state(self, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, State]:
+        """`generate`, also returning the state after the last generated token was read."""
+        logits, state = self.prefill(tokens)
+        pieces = [tokens]
+        for _ in range(max_new_tokens):
+            next_token = logits[:, -1:].argmax(-1)  # [B, 1]
+            pieces.append(next_token)
+            logits, state = self.decode_step(next_token, state)
+        return torch.cat(pieces, dim=1), state
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int  # every parameter once (a tied embedding/output counts once)
+    embedding: int  # the token embedding table (a lookup, not a matmul)
+    active_matmul: int  # matmul weights one token passes: projections, gate, MLP, output head
+
+
+def count_parameters(model: GLA) -> ParamCounts:
+    """Parameter counts (works on the meta device, so the 3B spec is counted without allocating it)."""
+    total = sum(p.numel() for p in model.parameters())
+    active = sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
+    return ParamCounts(total=total, embedding=model.tok_embeddings.weight.numel(), active_matmul=active)

@@ -1,0 +1,29 @@
+"""Zoo checkpoints for architectures Transformers does not know, written by assay's native models.
+
+The folder looks like any Hugging Face checkpoint (config.json, model.safetensors,
+generation_config.json; build.py adds the tokenizer and the stamp), in the layout of the
+architecture's reference implementation, so the reference code (fla for GLA) would load it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from assay.zoo.entries import ZooEntry
+
+# The zoo tokenizer's special tokens (assay.zoo.tokenizer.SPECIAL_TOKENS: bos, eos, pad first).
+TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+
+
+def write_gla_checkpoint(entry: ZooEntry, folder: Path, seed: int, init_std: float) -> None:
+    from transformers import GenerationConfig
+
+    from assay.models.gla import build_gla, export_hf
+    from assay.zoo.pretrain import next_token_loss, pretrain_on_corpus
+
+    args = entry.make_config()
+    model = build_gla(args, seed=seed, std=init_std)
+    if entry.pretrain_steps:
+        pretrain_on_corpus(model, steps=entry.pretrain_steps, seed=seed, loss_fn=next_token_loss)
+    export_hf(model, args, folder, extra_config=TOKEN_IDS)
+    GenerationConfig(**TOKEN_IDS, do_sample=False).save_pretrained(folder)
