@@ -18,9 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory) -> Path:
+    """The whole tiny zoo, built once per session. ASSAY_TEST_ZOO=DIR builds into (and reuses) DIR
+    across sessions: build_zoo skips finished entries."""
     from assay.zoo import build_zoo
 
-    folder = tmp_path_factory.mktemp("zoo")
+    folder = Path(os.environ["ASSAY_TEST_ZOO"]) if os.environ.get("ASSAY_TEST_ZOO") else tmp_path_factory.mktemp("zoo")
     build_zoo(folder, progress=False)
     return folder
 

@@ -21,7 +21,7 @@ from assay import __version__
 from assay.compat import recipe
 from assay.compat.runpy import render_run_py
 from assay.compat.schema import IMAGE_TASKS, SCHEMA_VERSION, TEXT_TASKS, empty_row
-from assay.core.compiling import CompileStats, _counting_backend, watch
+from assay.core.compiling import CompileStats, counting_backend, watch
 from assay.core.device import PeakMemory, resolve_backend, resolve_device
 from assay.core.errors import AssayError
 from assay.core.numerics import compare_tokens
@@ -252,7 +252,7 @@ def execute(plan: ProbePlan) -> dict:
             return finish(classify_exception(exc, "load"), _one_line(exc), traceback.format_exc())
 
         # 2. compiled generation: the first call compiles, the second measures warm decoding
-        config = recipe.compile_config(_counting_backend(backend, stats))
+        config = recipe.compile_config(counting_backend(backend, stats))
         try:
             with watch(stats):
                 compile_start = time.perf_counter()

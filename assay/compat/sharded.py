@@ -29,7 +29,7 @@ def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallel
     import torch.distributed as dist
 
     from assay.compat.probe import _one_line, classify_exception
-    from assay.core.compiling import CompileStats, _counting_backend, watch
+    from assay.core.compiling import CompileStats, counting_backend, watch
     from assay.core.device import PeakMemory
 
     rank = dist.get_rank()
@@ -50,7 +50,7 @@ def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallel
         except Exception as exc:
             fail("load", exc)
         if _all_ok(report["failure"] is None):
-            config = recipe.compile_config(_counting_backend(backend, stats))
+            config = recipe.compile_config(counting_backend(backend, stats))
             try:
                 with watch(stats):
                     start = time.perf_counter()

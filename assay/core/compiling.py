@@ -51,7 +51,7 @@ class CompileStats:
         }
 
 
-def _counting_backend(backend: str, stats: CompileStats) -> Callable:
+def counting_backend(backend: str, stats: CompileStats) -> Callable:
     import torch._dynamo
     from torch._guards import CompileContext
 
@@ -75,7 +75,7 @@ def compile_fn(fn: Callable, backend: str, stats: CompileStats | None = None, **
     backend = resolve_backend(backend)
     if stats is None:
         return torch.compile(fn, backend=backend, **kwargs)
-    return torch.compile(fn, backend=_counting_backend(backend, stats), **kwargs)
+    return torch.compile(fn, backend=counting_backend(backend, stats), **kwargs)
 
 
 def compile_modules(modules, backend: str, stats: CompileStats | None = None, **kwargs) -> None:

@@ -11,20 +11,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN_ZOO_ENTRIES = ["qwen3", "qwen3-moe", "qwen3-pretrained"]
 
 
 @pytest.fixture(scope="session")
-def train_zoo(tmp_path_factory) -> Path:
-    """qwen3 (random weights), qwen3-moe, qwen3-pretrained (300 steps on the corpus).
-
-    ASSAY_TEST_ZOO=DIR builds into (and reuses) DIR across sessions: build_zoo skips finished entries.
-    """
-    from assay.zoo import build_zoo
-
-    folder = Path(os.environ["ASSAY_TEST_ZOO"]) if os.environ.get("ASSAY_TEST_ZOO") else tmp_path_factory.mktemp("train_zoo")
-    build_zoo(folder, names=TRAIN_ZOO_ENTRIES, progress=False)
-    return folder
+def train_zoo(zoo_dir) -> Path:
+    """The session's zoo (tests/conftest.py): qwen3 (random weights), qwen3-moe, qwen3-pretrained, ..."""
+    return zoo_dir
 
 
 def run_torchrun(processes: int, *assay_args: str, timeout: float = 240) -> subprocess.CompletedProcess:
