@@ -40,6 +40,7 @@ KERNELS: dict[str, str] = {
     "rope": "assay.kernels.rope:KERNEL",
     "grouped_experts": "assay.kernels.grouped_experts:KERNEL",
     "attention": "assay.kernels.attention:KERNEL",
+    "gla_chunk": "assay.kernels.gla_op:KERNEL",
 }
 
 # What a run can force: "torch" (a kernel's first, plain-PyTorch implementation) or "triton".

@@ -115,6 +115,45 @@ def _qwen3_family() -> ModelFamily:
 register_family(_qwen3_family())
 
 
+# ---------------------------------------------------------------- GLA (gated linear attention, fla's layout)
+
+
+def _gla_family() -> ModelFamily:
+    from assay.models import gla
+    from assay.models.gla.args import HF_MODEL_TYPE
+    from assay.models.gla.parallelize import check_tp_divisible, parallelize_gla
+
+    def load(path, spec, slice_experts, device, dtype):
+        if slice_experts:
+            raise AssayError("--slice-experts applies to mixture-of-experts models; GLA has no experts (use --spec layers=N)")
+        return gla.load_native_gla(path, spec, device=device, dtype=dtype)
+
+    def flop_shape(args) -> FlopShape:
+        # attention_width 0: the recurrence costs O(T) per sequence, not the O(T^2) the PaLM term counts;
+        # MFU counts the matmul weights (6N per token), the usual convention for linear attention.
+        return FlopShape(gla.count_parameters(gla.build_gla(args, device="meta")).active_matmul, args.n_layers, 0)
+
+    return ModelFamily(
+        name="gla",
+        model_types=(HF_MODEL_TYPE,),
+        args_from_hf_config=gla.GLAArgs.from_hf_config,
+        apply_spec=gla.apply_spec_overrides,
+        flavours=gla.FLAVOURS,
+        load=load,
+        build=lambda args, device, dtype, seed: gla.build_gla(args, device=device, dtype=dtype, seed=seed),
+        flop_shape=flop_shape,
+        blocks=lambda model: list(model.layers),
+        check_tp=lambda args, tp: check_tp_divisible(args, tp) if tp > 1 else None,
+        parallelize=lambda model, mesh, tp, dp_shard: parallelize_gla(model, mesh, tp=tp, dp_shard=dp_shard),
+        export_hf=lambda state_dict, args, out_dir, tokenizer_source_dir: gla.export_hf(
+            state_dict, args, out_dir, tokenizer_source_dir=tokenizer_source_dir
+        ),
+    )
+
+
+register_family(_gla_family())
+
+
 # ---------------------------------------------------------------- any Transformers causal LM (the hf path)
 
 

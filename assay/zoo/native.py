@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from assay.zoo.entries import ZooEntry
 
 # The zoo tokenizer's special tokens (assay.zoo.tokenizer.SPECIAL_TOKENS: bos, eos, pad first).
@@ -24,6 +26,13 @@ def write_gla_checkpoint(entry: ZooEntry, folder: Path, seed: int, init_std: flo
     args = entry.make_config()
     model = build_gla(args, seed=seed, std=init_std)
     if entry.pretrain_steps:
-        pretrain_on_corpus(model, steps=entry.pretrain_steps, seed=seed, loss_fn=next_token_loss)
+        # One thread: the chunked recurrence is hundreds of tiny ops per step, and on a shared 2-core
+        # machine a second thread made each op wait on a descheduled peer (0.05 s a step became 0.5 s).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            pretrain_on_corpus(model, steps=entry.pretrain_steps, seed=seed, lr=1e-2, loss_fn=next_token_loss)
+        finally:
+            torch.set_num_threads(threads)
     export_hf(model, args, folder, extra_config=TOKEN_IDS)
     GenerationConfig(**TOKEN_IDS, do_sample=False).save_pretrained(folder)
