@@ -114,7 +114,7 @@ class KernelGLAOperator(GLAOperator):
         return o, (state if output_final_state else None)
 
     @classmethod
-    def from_module(cls, module: GLAOperator) -> "KernelGLAOperator":
+    def from_module(cls, module: GLAOperator) -> KernelGLAOperator:
         return cls(module.chunk_size)
 
 

@@ -36,7 +36,7 @@ class ZooEntry:
     pretrain_steps: int = 0  # > 0: trained briefly on the embedded corpus after init
     # For an architecture Transformers does not know: (entry, folder, seed) writes config.json, the
     # safetensors and generation_config.json itself; the build adds tokenizer and stamp as for any entry.
-    builder: Callable[["ZooEntry", object, int], None] | None = field(default=None, repr=False)
+    builder: Callable[[ZooEntry, object, int], None] | None = field(default=None, repr=False)
 
     @property
     def transformers_native(self) -> bool:
@@ -228,7 +228,7 @@ def _gla():
 
 
 def _gla_builder(init_std: float):
-    def build(entry: "ZooEntry", folder, seed: int) -> None:
+    def build(entry: ZooEntry, folder, seed: int) -> None:
         from assay.zoo.native import write_gla_checkpoint
 
         write_gla_checkpoint(entry, folder, seed, init_std)

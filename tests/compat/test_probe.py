@@ -10,7 +10,7 @@ from assay.zoo import ZOO
 import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends)
 
 
-@pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.parametrize("name", sorted(name for name, entry in ZOO.items() if entry.transformers_native))
 def test_zoo_model_passes_under_aot_eager(zoo_dir, name):
     row = probe(ProbeRequest(str(zoo_dir / name), backend="aot_eager", new_tokens=12))
     assert row["status"] == "PASS", (row["reason"], row["error"])
@@ -89,6 +89,16 @@ def test_unknown_architecture_is_fail_load(zoo_dir, tmp_path):
     row = probe(ProbeRequest(str(custom), backend="aot_eager"))
     assert row["status"] == "FAIL_LOAD"
     assert "my_private_arch" in row["reason"] + row["error"]
+
+
+def test_architecture_unknown_to_transformers_is_fail_load_with_its_model_type(zoo_dir, tmp_path, assay_cli):
+    # zoo/gla is in fla's GLA layout (model_type "gla"), which Transformers does not implement.
+    result = assay_cli("probe", str(zoo_dir / "gla"), "--backend", "aot_eager", "--out", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = json.loads(result.stdout)
+    assert row["status"] == "FAIL_LOAD" and row["model"] == "assay-zoo/gla" and row["architecture"] == "GLAForCausalLM"
+    assert "gla" in row["reason"] and "Traceback" in row["error"]
+    assert query(tmp_path)[0]["status"] == "FAIL_LOAD"
 
 
 def test_deliberate_skip_is_recorded_and_not_a_failure(zoo_dir, tmp_path, assay_cli):

@@ -18,7 +18,12 @@ import torch
 from torch import nn
 
 from assay.core.errors import AssayError
-from assay.models.gla.args import GLAArgs, apply_spec_overrides, fla_intermediate_size, parse_spec_overrides
+from assay.models.gla.args import (
+    GLAArgs,
+    apply_spec_overrides,
+    fla_intermediate_size,
+    parse_spec_overrides,
+)
 from assay.models.gla.model import GLA, ParamCounts, State, count_parameters
 from assay.models.gla.state_dict_adapter import from_hf, to_hf
 from assay.models.hf_checkpoint import (

@@ -97,7 +97,7 @@ class GLAArgs:
     # ---------------------------------------------------------------- fla's config.json
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any] | Any) -> "GLAArgs":
+    def from_hf_config(cls, config: Mapping[str, Any] | Any) -> GLAArgs:
         """From a config.json dict (fla's GLAConfig fields) or a config object with to_dict()."""
         cfg = dict(config) if isinstance(config, Mapping) else config.to_dict()
         if cfg.get("model_type") != HF_MODEL_TYPE:

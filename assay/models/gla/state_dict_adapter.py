@@ -117,7 +117,7 @@ def from_hf(hf_state_dict: Mapping[str, torch.Tensor], args: GLAArgs) -> dict[st
             take(f"layers.{layer_id}.{rest}", *names)
     if missing:
         raise AssayError(f"checkpoint lacks {len(missing)} tensors the GLA spec needs: {_few(missing)}")
-    unexpected = [key for key in hf_state_dict.keys() if key not in consumed]
+    unexpected = [key for key in hf_state_dict if key not in consumed]
     if unexpected:
         layers = [int(m.group(1)) for key in unexpected if (m := _HF_LAYER_KEY.match(key))]
         hint = f" (the checkpoint has more layers than the spec's {args.n_layers})" if layers and min(layers) >= args.n_layers else ""
