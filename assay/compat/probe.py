@@ -21,6 +21,7 @@ from assay import __version__
 from assay.compat import recipe
 from assay.compat.runpy import render_run_py
 from assay.compat.schema import IMAGE_TASKS, SCHEMA_VERSION, TEXT_TASKS, empty_row
+from assay.core import compiling
 from assay.core.compiling import CompileStats, counting_backend, watch
 from assay.core.device import PeakMemory, resolve_backend, resolve_device
 from assay.core.errors import AssayError
@@ -251,7 +252,11 @@ def execute(plan: ProbePlan) -> dict:
         except Exception as exc:  # any failure to load is a result, not a crash
             return finish(classify_exception(exc, "load"), _one_line(exc), traceback.format_exc())
 
-        # 2. compiled generation: the first call compiles, the second measures warm decoding
+        # 2. compiled generation: the first call compiles, the second measures warm decoding.
+        # Forget what earlier probes in this process compiled: dynamo keys its cache on code objects
+        # that every Transformers model shares, and its recompile limit would silently leave later
+        # models eager.
+        compiling.reset()
         config = recipe.compile_config(counting_backend(backend, stats))
         try:
             with watch(stats):
@@ -273,6 +278,10 @@ def execute(plan: ProbePlan) -> dict:
     row["memory_kind"] = meter.kind
     row["generated_tokens"] = tokens
     _record_compile_stats(row, stats)
+    if stats.graphs == 0:
+        # Nothing reached the backend: dynamo ran everything eager (skipped frames, recompile limit).
+        # Equal tokens would then say nothing about the compiler.
+        return finish("FAIL_COMPILE", f"torch.compile(backend={backend!r}) compiled no graph: the model ran eager")
 
     # 3. the reference: CPU eager, same checkpoint and dtype (the same model object when already on CPU)
     try:

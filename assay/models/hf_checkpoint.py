@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,50 @@ def read_hf_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
+def _owned(tensor: torch.Tensor, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """On device in dtype, owning its memory: a slice of a fused tensor must not pin the whole tensor."""
+    tensor = tensor.to(device=device, dtype=dtype)
+    if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+        tensor = tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
+
+
+def load_into_meta_model(
+    model_cls: Callable[[Any], torch.nn.Module],
+    args: Any,
+    native: Mapping[str, torch.Tensor],
+    device: torch.device | str,
+    dtype: torch.dtype,
+    family: str,
+) -> torch.nn.Module:
+    """`model_cls(args)` built on "meta", then given `native`'s tensors (native key names) on device in dtype.
+
+    AssayError naming up to four tensors whose shape does not fit the spec. A tensor that stands
+    under two keys (a tied embedding/output) is converted once; the model's tie_weights() then makes
+    the two one Parameter again.
+    """
+    with torch.device("meta"):
+        model = model_cls(args)
+    expected = model.state_dict()
+    mismatched = [
+        f"{key} {tuple(native[key].shape)} vs spec {tuple(meta.shape)}"
+        for key, meta in expected.items()
+        if tuple(native[key].shape) != tuple(meta.shape)
+    ]
+    if mismatched:
+        shown = "; ".join(mismatched[:4]) + (f"; ... ({len(mismatched)} in all)" if len(mismatched) > 4 else "")
+        raise AssayError(f"checkpoint tensors do not fit the {family} spec: {shown}")
+    converted: dict[int, torch.Tensor] = {}  # by id: a tied embedding/output is converted once
+    weights = {}
+    for key in expected:
+        if id(native[key]) not in converted:
+            converted[id(native[key])] = _owned(native[key], device, dtype)
+        weights[key] = converted[id(native[key])]
+    model.load_state_dict(weights, strict=True, assign=True)
+    model.tie_weights()  # assign=True gave output and embedding separate Parameters
+    return model
+
+
 def _plain_cpu_tensor(key: str, tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor that owns its storage: safetensors refuses views sharing memory."""
     tensor = tensor.detach()
@@ -158,6 +202,28 @@ def _plan_shards(state_dict: Mapping[str, torch.Tensor], max_shard_bytes: int) -
         shards[-1].append(key)
         shard_bytes += size
     return shards
+
+
+# Copied from the source config on export: they belong to the tokenizer, not to the architecture.
+_TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def export_native_checkpoint(
+    out_dir: str | os.PathLike,
+    hf_state_dict: Mapping[str, torch.Tensor],
+    config: dict,
+    tokenizer_source_dir: str | os.PathLike | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    extra_config: Mapping[str, Any] | None = None,
+) -> list[Path]:
+    """write_hf_checkpoint for a native model's export: config gets the tensors' dtype, the source
+    checkpoint's token ids (when it has a config.json), then extra_config."""
+    config["dtype"] = str(next(iter(hf_state_dict.values())).dtype).removeprefix("torch.")
+    if tokenizer_source_dir is not None and (checkpoint_dir(tokenizer_source_dir) / CONFIG_FILE).is_file():
+        source_config = read_hf_config(tokenizer_source_dir)
+        config.update({key: source_config[key] for key in _TOKEN_ID_KEYS if key in source_config})
+    config.update(extra_config or {})
+    return write_hf_checkpoint(out_dir, hf_state_dict, config, source_dir=tokenizer_source_dir, max_shard_bytes=max_shard_bytes)
 
 
 def write_hf_checkpoint(

@@ -27,12 +27,12 @@ from assay.models.gla.args import (
 from assay.models.gla.model import GLA, ParamCounts, State, count_parameters
 from assay.models.gla.state_dict_adapter import from_hf, to_hf
 from assay.models.hf_checkpoint import (
-    CONFIG_FILE,
     DEFAULT_MAX_SHARD_BYTES,
     SafetensorsStateDict,
     checkpoint_dir,
+    export_native_checkpoint,
+    load_into_meta_model,
     read_hf_config,
-    write_hf_checkpoint,
 )
 from assay.models.memory import linear_state_bytes_per_sequence
 
@@ -51,10 +51,6 @@ FLAVOURS: dict[str, GLAArgs] = {
     "2.7B": GLAArgs(vocab_size=32000, dim=2560, n_layers=32, n_heads=5),
     "3B": GLAArgs(vocab_size=50304, dim=3072, n_layers=24, n_heads=16, chunk_size=128),
 }
-
-# Copied from the source config on export: they belong to the tokenizer, not to the architecture.
-_TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
-
 
 def flavour(name: str) -> GLAArgs:
     try:
@@ -92,26 +88,7 @@ def load_native_gla(
     folder = checkpoint_dir(path_or_dir)
     args = apply_spec_overrides(GLAArgs.from_hf_config(read_hf_config(folder)), spec_overrides)
     native = from_hf(SafetensorsStateDict(folder), args)
-    with torch.device("meta"):
-        model = GLA(args)
-    expected = model.state_dict()
-    mismatched = [
-        f"{key} {tuple(native[key].shape)} vs spec {tuple(meta.shape)}"
-        for key, meta in expected.items()
-        if tuple(native[key].shape) != tuple(meta.shape)
-    ]
-    if mismatched:
-        shown = "; ".join(mismatched[:4]) + (f"; ... ({len(mismatched)} in all)" if len(mismatched) > 4 else "")
-        raise AssayError(f"checkpoint tensors do not fit the GLA spec: {shown}")
-    converted: dict[int, torch.Tensor] = {}  # by id: a tied embedding/output is converted once
-    weights = {}
-    for key in expected:
-        if id(native[key]) not in converted:
-            converted[id(native[key])] = native[key].to(device=device, dtype=dtype)
-        weights[key] = converted[id(native[key])]
-    model.load_state_dict(weights, strict=True, assign=True)
-    model.tie_weights()  # assign=True gave output and embedding separate Parameters
-    return model, args
+    return load_into_meta_model(GLA, args, native, device, dtype, "GLA"), args
 
 
 def export_hf(
@@ -129,14 +106,9 @@ def export_hf(
     config.json fields (token ids when there is no source checkpoint to copy them from).
     """
     state_dict = model.state_dict() if isinstance(model, nn.Module) else model
-    hf_state_dict = to_hf(state_dict, args)
-    config = args.to_hf_config()
-    config["dtype"] = str(next(iter(hf_state_dict.values())).dtype).removeprefix("torch.")
-    if tokenizer_source_dir is not None and (checkpoint_dir(tokenizer_source_dir) / CONFIG_FILE).is_file():
-        source_config = read_hf_config(tokenizer_source_dir)
-        config.update({key: source_config[key] for key in _TOKEN_ID_KEYS if key in source_config})
-    config.update(extra_config or {})
-    return write_hf_checkpoint(out_dir, hf_state_dict, config, source_dir=tokenizer_source_dir, max_shard_bytes=max_shard_bytes)
+    return export_native_checkpoint(
+        out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes, extra_config=extra_config
+    )
 
 
 __all__ = [

@@ -17,10 +17,11 @@ and read them back (defaulting to 16), so a spec that changes them is not one fl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from assay.core.errors import AssayError
+from assay.models import spec
 
 HF_MODEL_TYPE = "gla"
 HF_ARCHITECTURE = "GLAForCausalLM"
@@ -195,44 +196,12 @@ OVERRIDE_ALIASES: dict[str, str] = {
     "tie": "tie_embeddings",
     "chunk": "chunk_size",
 }
-_FIELD_TYPES = {f.name: f.type for f in fields(GLAArgs)}
-
-
-def _parse_value(field_name: str, raw: str) -> Any:
-    kind, text = _FIELD_TYPES[field_name], raw.strip()
-    try:
-        if kind == "bool":
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-        if kind == "int":
-            return int(text)
-        if kind == "float":
-            return float(text)
-        if kind == "float | None":
-            return None if text.lower() in ("none", "null", "") else float(text)
-    except ValueError:
-        raise AssayError(f"spec override {field_name}={raw!r}: not a valid {kind}") from None
-    raise AssertionError(f"GLAArgs field {field_name} has a type ({kind}) the override parser does not know")
+_FAMILY = "GLA"
 
 
 def parse_spec_overrides(text: str) -> dict[str, Any]:
     """ "layers=4,heads=2" -> {"n_layers": 4, "n_heads": 2}; AssayError on a bad item."""
-    overrides: dict[str, Any] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        if "=" not in item:
-            raise AssayError(f"spec override {item!r} is not NAME=VALUE")
-        name, raw = (part.strip() for part in item.split("=", 1))
-        field_name = OVERRIDE_ALIASES.get(name, name)
-        if field_name not in _FIELD_TYPES:
-            known = sorted(set(_FIELD_TYPES) | set(OVERRIDE_ALIASES))
-            raise AssayError(f"spec override {name!r} is not a GLA field; known: {', '.join(known)}")
-        overrides[field_name] = _parse_value(field_name, raw)
-    return overrides
+    return spec.parse_spec_overrides(text, GLAArgs, OVERRIDE_ALIASES, _FAMILY)
 
 
 def apply_spec_overrides(args: GLAArgs, overrides: str | Mapping[str, Any] | None) -> GLAArgs:
@@ -242,15 +211,7 @@ def apply_spec_overrides(args: GLAArgs, overrides: str | Mapping[str, Any] | Non
     """
     if not overrides:
         return args
-    if isinstance(overrides, str):
-        resolved = parse_spec_overrides(overrides)
-    else:
-        resolved = {}
-        for name, value in overrides.items():
-            field_name = OVERRIDE_ALIASES.get(name, name)
-            if field_name not in _FIELD_TYPES:
-                raise AssayError(f"spec override {name!r} is not a GLA field")
-            resolved[field_name] = value
+    resolved = spec.resolve_spec_overrides(overrides, GLAArgs, OVERRIDE_ALIASES, _FAMILY)
     if ("dim" in resolved or "hidden_ratio" in resolved) and "hidden_dim" not in resolved:
         resolved["hidden_dim"] = 0
     return replace(args, **resolved)

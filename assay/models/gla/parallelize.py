@@ -14,7 +14,7 @@ FSDP2 over the mesh dim "dp_shard": one fully_shard unit per block, then the roo
 from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -22,16 +22,14 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from assay.core.errors import AssayError
 from assay.models.gla.args import GLAArgs
 from assay.models.gla.model import GLA
+from assay.models.parallel import apply_fsdp, check_tp_sizes, parallelize_model
 
 
 def check_tp_divisible(args: GLAArgs, tp_size: int) -> None:
     sizes = {"n_heads": args.n_heads, "hidden_dim": args.hidden_dim}
-    indivisible = [f"{name}={value}" for name, value in sizes.items() if value % tp_size]
-    if indivisible:
-        raise AssayError(f"tensor parallel degree {tp_size} does not divide {', '.join(indivisible)}")
+    check_tp_sizes(sizes, tp_size)
 
 
 def apply_tp(model: GLA, tp_mesh: DeviceMesh) -> None:
@@ -54,14 +52,6 @@ def apply_tp(model: GLA, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def apply_fsdp(model: GLA, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy | None = None, reshard_after_forward: bool = True) -> None:
-    policy = mp_policy or MixedPrecisionPolicy()
-    for block in model.layers:
-        fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    # The root unit is gathered for the output head right after the last block: no point resharding it.
-    fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
-
-
 def parallelize_gla(
     model: GLA,
     mesh: DeviceMesh,
@@ -75,12 +65,8 @@ def parallelize_gla(
     Load weights before calling (every rank the same): TP wraps the existing parameters as DTensors.
     Training and prefill only: decode_step calls blocks' step(), which FSDP's forward hooks do not see.
     """
-    names = mesh.mesh_dim_names or ()
-    for wanted, dim_name in ((tp, "tp"), (dp_shard, "dp_shard")):
-        if wanted and dim_name not in names:
-            raise AssayError(f"the device mesh has dims {names}; parallelizing needs one named {dim_name!r}")
-    if tp:
-        apply_tp(model, mesh["tp"])
-    if dp_shard:
-        apply_fsdp(model, mesh["dp_shard"], mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    return model
+    return parallelize_model(model, mesh, tp, dp_shard, apply_tp, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+
+
+# apply_fsdp lives in assay.models.parallel; callers still import it from here.
+__all__ = ["apply_fsdp", "apply_tp", "check_tp_divisible", "parallelize_gla"]

@@ -18,12 +18,12 @@ from torch import nn
 
 from assay.core.errors import AssayError
 from assay.models.hf_checkpoint import (
-    CONFIG_FILE,
     DEFAULT_MAX_SHARD_BYTES,
     SafetensorsStateDict,
     checkpoint_dir,
+    export_native_checkpoint,
+    load_into_meta_model,
     read_hf_config,
-    write_hf_checkpoint,
 )
 from assay.models.qwen3.args import Qwen3Args, apply_spec_overrides, parse_spec_overrides
 from assay.models.qwen3.model import ParamCounts, Qwen3, count_parameters
@@ -55,10 +55,6 @@ FLAVOURS: dict[str, Qwen3Args] = {
     ),
 }
 
-# Copied from the source config on export: they belong to the tokenizer, not to the architecture.
-_TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
-
-
 def flavour(name: str) -> Qwen3Args:
     try:
         return FLAVOURS[name]
@@ -76,14 +72,6 @@ def build_qwen3(args: Qwen3Args, device: torch.device | str = "cpu", dtype: torc
     return model.to(dtype=dtype)
 
 
-def _owned(tensor: torch.Tensor, device, dtype: torch.dtype) -> torch.Tensor:
-    """On device in dtype, owning its memory: a slice of a fused expert tensor must not pin the whole tensor."""
-    tensor = tensor.to(device=device, dtype=dtype)
-    if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-        tensor = tensor.clone(memory_format=torch.contiguous_format)
-    return tensor
-
-
 def load_native_qwen3(
     path_or_dir: str | os.PathLike,
     spec_overrides: str | Mapping[str, Any] | None = None,
@@ -99,25 +87,7 @@ def load_native_qwen3(
     folder = checkpoint_dir(path_or_dir)
     args = apply_spec_overrides(Qwen3Args.from_hf_config(read_hf_config(folder)), spec_overrides)
     native = from_hf(SafetensorsStateDict(folder), args, slice_experts=slice_experts)
-    with torch.device("meta"):
-        model = Qwen3(args)
-    expected = model.state_dict()
-    mismatched = [
-        f"{key} {tuple(native[key].shape)} vs spec {tuple(meta.shape)}"
-        for key, meta in expected.items()
-        if tuple(native[key].shape) != tuple(meta.shape)
-    ]
-    if mismatched:
-        shown = "; ".join(mismatched[:4]) + (f"; ... ({len(mismatched)} in all)" if len(mismatched) > 4 else "")
-        raise AssayError(f"checkpoint tensors do not fit the Qwen3 spec: {shown}")
-    converted: dict[int, torch.Tensor] = {}  # by id: a tied embedding/output is converted once
-    weights = {}
-    for key in expected:
-        if id(native[key]) not in converted:
-            converted[id(native[key])] = _owned(native[key], device, dtype)
-        weights[key] = converted[id(native[key])]
-    model.load_state_dict(weights, strict=True, assign=True)
-    model.tie_weights()  # assign=True gave output and embedding separate Parameters
+    model = load_into_meta_model(Qwen3, args, native, device, dtype, "Qwen3")
     model.reset_rope_cache()
     return model, args
 
@@ -135,13 +105,9 @@ def export_hf(
     `model` is a native Qwen3 or its full (gathered, plain-tensor) state dict.
     """
     state_dict = model.state_dict() if isinstance(model, nn.Module) else model
-    hf_state_dict = to_hf(state_dict, args)
-    config = args.to_hf_config()
-    config["dtype"] = str(next(iter(hf_state_dict.values())).dtype).removeprefix("torch.")
-    if tokenizer_source_dir is not None and (checkpoint_dir(tokenizer_source_dir) / CONFIG_FILE).is_file():
-        source_config = read_hf_config(tokenizer_source_dir)
-        config.update({key: source_config[key] for key in _TOKEN_ID_KEYS if key in source_config})
-    return write_hf_checkpoint(out_dir, hf_state_dict, config, source_dir=tokenizer_source_dir, max_shard_bytes=max_shard_bytes)
+    return export_native_checkpoint(
+        out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes
+    )
 
 
 __all__ = [

@@ -7,12 +7,12 @@ config.json decides the architecture and an export reloads with AutoModelForCaus
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from assay.core.errors import AssayError
+from assay.models import spec
 
 HF_DENSE_MODEL_TYPE = "qwen3"
 HF_MOE_MODEL_TYPE = "qwen3_moe"
@@ -189,75 +189,16 @@ OVERRIDE_ALIASES: dict[str, str] = {
     "sparse_step": "decoder_sparse_step",
 }
 
-_FIELD_TYPES = {f.name: f.type for f in fields(Qwen3Args)}
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas outside brackets, so "mlp_only_layers=[0,2],layers=4" is two items."""
-    items, depth, current = [], 0, []
-    for char in text:
-        if char in "[(":
-            depth += 1
-        elif char in "])":
-            depth -= 1
-        if char == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    items.append("".join(current))
-    return [item.strip() for item in items if item.strip()]
-
-
-def _parse_value(field_name: str, raw: str) -> Any:
-    kind = _FIELD_TYPES[field_name]
-    text = raw.strip()
-    try:
-        if kind == "bool":
-            lowered = text.lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-        if kind == "int":
-            return int(text)
-        if kind == "float":
-            return float(text)
-        if kind.startswith("tuple"):
-            inner = text.strip("[]()").strip()
-            return tuple(int(part) for part in re.split(r"[,;\s]+", inner) if part)
-    except ValueError:
-        raise AssayError(f"spec override {field_name}={raw!r}: not a valid {kind}") from None
-    raise AssertionError(f"Qwen3Args field {field_name} has a type ({kind}) the override parser does not know")
+_FAMILY = "Qwen3"
 
 
 def parse_spec_overrides(text: str) -> dict[str, Any]:
     """ "layers=4,experts=8,top_k=2" -> {"n_layers": 4, "n_experts": 8, "top_k": 2}; AssayError on a bad item."""
-    overrides: dict[str, Any] = {}
-    for item in _split_top_level(text):
-        if "=" not in item:
-            raise AssayError(f"spec override {item!r} is not NAME=VALUE")
-        name, raw = (part.strip() for part in item.split("=", 1))
-        field_name = OVERRIDE_ALIASES.get(name, name)
-        if field_name not in _FIELD_TYPES:
-            known = sorted(set(_FIELD_TYPES) | set(OVERRIDE_ALIASES))
-            raise AssayError(f"spec override {name!r} is not a Qwen3 field; known: {', '.join(known)}")
-        overrides[field_name] = _parse_value(field_name, raw)
-    return overrides
+    return spec.parse_spec_overrides(text, Qwen3Args, OVERRIDE_ALIASES, _FAMILY)
 
 
 def apply_spec_overrides(args: Qwen3Args, overrides: str | Mapping[str, Any] | None) -> Qwen3Args:
     """`dataclasses.replace` with overrides given as a CLI string or a mapping (aliases allowed)."""
     if not overrides:
         return args
-    if isinstance(overrides, str):
-        resolved = parse_spec_overrides(overrides)
-    else:
-        resolved = {}
-        for name, value in overrides.items():
-            field_name = OVERRIDE_ALIASES.get(name, name)
-            if field_name not in _FIELD_TYPES:
-                raise AssayError(f"spec override {name!r} is not a Qwen3 field")
-            resolved[field_name] = value
-    return replace(args, **resolved)
+    return replace(args, **spec.resolve_spec_overrides(overrides, Qwen3Args, OVERRIDE_ALIASES, _FAMILY))

@@ -16,10 +16,10 @@ output head; a tied embedding/output weight is one parameter in the root unit).
 from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
-from assay.core.errors import AssayError
+from assay.models.parallel import apply_fsdp, check_tp_sizes, parallelize_model
 from assay.models.qwen3.model import Qwen3
 
 
@@ -28,9 +28,7 @@ def _check_tp_divisible(model: Qwen3, tp_size: int) -> None:
     sizes = {"n_heads": args.n_heads, "n_kv_heads": args.n_kv_heads}
     if any(not block.is_moe for block in model.layers):
         sizes["hidden_dim"] = args.hidden_dim
-    indivisible = [f"{name}={value}" for name, value in sizes.items() if value % tp_size]
-    if indivisible:
-        raise AssayError(f"tensor parallel degree {tp_size} does not divide {', '.join(indivisible)}")
+    check_tp_sizes(sizes, tp_size)
 
 
 def apply_tp(model: Qwen3, tp_mesh: DeviceMesh) -> None:
@@ -51,14 +49,6 @@ def apply_tp(model: Qwen3, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def apply_fsdp(model: Qwen3, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy | None = None, reshard_after_forward: bool = True) -> None:
-    policy = mp_policy or MixedPrecisionPolicy()
-    for block in model.layers:
-        fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    # The root unit is gathered for the output head right after the last block: no point resharding it.
-    fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
-
-
 def parallelize_qwen3(
     model: Qwen3,
     mesh: DeviceMesh,
@@ -71,12 +61,8 @@ def parallelize_qwen3(
 
     Load weights before calling (every rank the same): TP wraps the existing parameters as DTensors.
     """
-    names = mesh.mesh_dim_names or ()
-    for wanted, dim_name in ((tp, "tp"), (dp_shard, "dp_shard")):
-        if wanted and dim_name not in names:
-            raise AssayError(f"the device mesh has dims {names}; parallelizing needs one named {dim_name!r}")
-    if tp:
-        apply_tp(model, mesh["tp"])
-    if dp_shard:
-        apply_fsdp(model, mesh["dp_shard"], mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    return model
+    return parallelize_model(model, mesh, tp, dp_shard, apply_tp, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+
+
+# apply_fsdp lives in assay.models.parallel; callers still import it from here.
+__all__ = ["apply_fsdp", "apply_tp", "parallelize_qwen3"]
