@@ -15,8 +15,12 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from assay.compat.probe import ProbePlan, ProbeRequest
+
+if TYPE_CHECKING:
+    from assay.compat.zygote import Zygote
 
 STDERR_TAIL = 4000
 
@@ -53,35 +57,28 @@ def run_isolated(
     memory_limit_bytes: int | None = None,
     env: dict | None = None,
     command: list[str] | None = None,
+    zygote: "Zygote | None" = None,
 ) -> dict:
     """Run the probe of `plan` in a child process and return its row, whatever happened to the child.
 
     command: the child's argv before the two file arguments (default: the probe worker); tests pass a
-    script that misbehaves on purpose.
+    script that misbehaves on purpose. zygote: fork the child from this pre-imported process instead of
+    starting a fresh interpreter (a sweep's default; see zygote.py); the child is isolated the same way.
     """
     row = dict(plan.row)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="assay-probe-") as scratch:
         request_file = Path(scratch) / "request.json"
         result_file = Path(scratch) / "row.json"
+        stderr_file = Path(scratch) / "stderr.txt"
         request_file.write_text(json.dumps(asdict(plan.request)))
-        argv = (command or [sys.executable, "-m", "assay.compat.worker"]) + [str(request_file), str(result_file)]
-        child_env = os.environ.copy() | (env or {})
-        with open(Path(scratch) / "stderr.txt", "w+b") as stderr:
-            process = subprocess.Popen(
-                argv, stdout=subprocess.DEVNULL, stderr=stderr, env=child_env, start_new_session=True,
-                preexec_fn=_child_setup(memory_limit_bytes),
-            )
-            try:
-                returncode = process.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                # The whole process group: a probe that started its own workers takes them along.
-                os.killpg(process.pid, signal.SIGKILL)
-                returncode = process.wait()
-                timed_out = True
-            stderr.seek(0)
-            stderr_tail = stderr.read().decode("utf-8", "replace")[-STDERR_TAIL:]
+        if zygote is not None and command is None:
+            pid = zygote.spawn("assay.compat.worker", [str(request_file), str(result_file)], stderr_file, env, memory_limit_bytes)
+            returncode, timed_out = zygote.wait(pid, timeout)
+        else:
+            argv = (command or [sys.executable, "-m", "assay.compat.worker"]) + [str(request_file), str(result_file)]
+            returncode, timed_out = _run_fresh(argv, os.environ.copy() | (env or {}), stderr_file, memory_limit_bytes, timeout)
+        stderr_tail = stderr_file.read_bytes().decode("utf-8", "replace")[-STDERR_TAIL:] if stderr_file.exists() else ""
         if timed_out:
             row.update(status="TIMEOUT", reason=f"killed after the {timeout:g} s time limit", error=stderr_tail or None)
         elif result_file.exists():
@@ -98,6 +95,21 @@ def run_isolated(
     if row.get("status") in ("TIMEOUT", "CRASH", "OOM") and row.get("total_s") is None:
         row["total_s"] = time.perf_counter() - started
     return row
+
+
+def _run_fresh(argv: list[str], env: dict, stderr_file: Path, memory_limit_bytes: int | None, timeout: float | None) -> tuple[int, bool]:
+    """A freshly started interpreter: (returncode, timed_out)."""
+    with open(stderr_file, "wb") as stderr:
+        process = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True,
+            preexec_fn=_child_setup(memory_limit_bytes),
+        )
+        try:
+            return process.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            # The whole process group: a probe that started its own workers takes them along.
+            os.killpg(process.pid, signal.SIGKILL)
+            return process.wait(), True
 
 
 def request_from_json(path: str | Path) -> ProbeRequest:

@@ -37,6 +37,9 @@ class SweepRequest:
     devices: int | None = None  # force this many devices per probe
     device_memory_bytes: int | None = None
     progress: bool = True
+    # Each probe from a freshly started interpreter instead of a fork of the pre-imported zygote
+    # (zygote.py): slower by the imports, for a plugin or device runtime that must start unforked.
+    fresh_interpreter: bool = False
 
 
 @dataclass
@@ -87,16 +90,31 @@ def _devices_for(plan: ProbePlan, request: SweepRequest, per_device_memory: int)
 
 def run_sweep(request: SweepRequest) -> SweepOutcome:
     started = time.perf_counter()
-    plans, already = plan_sweep(request)
-    device_type = plans[0].device.type if plans else "cpu"
-    pool_size = max(device_count(device_type), 1)
-    needs = {id(plan): plan.request.devices for plan in plans}
-    cores = os.cpu_count() or 1
     cache = {}
     if request.cache_dir is not None:
         from assay.core.compile_cache import cache_env
 
         cache = cache_env(request.cache_dir)
+    # The zygote imports while the sweep plans; it is used by the local executor only (a Ray task is a
+    # process of its own on whichever node Ray picks).
+    zygote = None
+    if request.executor == "local" and not request.fresh_interpreter:
+        from assay.compat.zygote import start_zygote
+
+        zygote = start_zygote(cache)
+    try:
+        return _run_sweep(request, started, cache, zygote)
+    finally:
+        if zygote is not None:
+            zygote.close()
+
+
+def _run_sweep(request: SweepRequest, started: float, cache: dict, zygote) -> SweepOutcome:
+    plans, already = plan_sweep(request)
+    device_type = plans[0].device.type if plans else "cpu"
+    pool_size = max(device_count(device_type), 1)
+    needs = {id(plan): plan.request.devices for plan in plans}
+    cores = os.cpu_count() or 1
 
     from assay.compat.progress import SweepProgress
 
@@ -121,7 +139,7 @@ def run_sweep(request: SweepRequest) -> SweepOutcome:
                 try:
                     progress.started(plan.row["model"])
                     env = child_env(device_type, indices, threads_each) | cache
-                    return run_isolated(plan, timeout=request.timeout, memory_limit_bytes=request.memory_limit_bytes, env=env)
+                    return run_isolated(plan, timeout=request.timeout, memory_limit_bytes=request.memory_limit_bytes, env=env, zygote=zygote)
                 finally:
                     pool.release(indices)
 
