@@ -47,3 +47,17 @@ def test_unknown_status_filter(assay_cli, tmp_path):
 
     init_results(tmp_path)
     _assert_one_line_exit_2(assay_cli("results", str(tmp_path), "--status", "GREAT"), "unknown status")
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["sweep", "--bogus"], "No such option: --bogus"),
+        (["probe"], "Missing argument 'model'"),
+        (["sweep", "--workers", "x"], "Invalid value for '--workers'"),
+        (["no-such-command"], "No such command"),
+    ],
+)
+def test_usage_errors_are_one_line_too(assay_cli, args, fragment):
+    # Click's own usage box is several lines; assay turns every usage error into one line and exit 2.
+    _assert_one_line_exit_2(assay_cli(*args), fragment)
