@@ -204,6 +204,7 @@ def sweep(
     devices: Optional[int] = typer.Option(None, help="force this many devices per probe"),
     device_memory_gb: Optional[float] = typer.Option(None, "--device-memory-gb", help="per-device memory when the device cannot say"),
     force: bool = typer.Option(False, help="probe again models already recorded for this stack"),
+    fresh_interpreter: bool = typer.Option(False, "--fresh-interpreter", help="start each probe as a new interpreter instead of forking a pre-imported one"),
     strict: bool = typer.Option(False, help="exit 1 if any probe failed"),
     json_out: bool = typer.Option(False, "--json"),
 ):
@@ -220,6 +221,7 @@ def sweep(
         workers=workers, timeout=timeout, memory_limit_bytes=int(memory_limit_gb * 2**30) if memory_limit_gb else None,
         force=force, executor=executor, cache_dir=cache_dir, max_devices=max_devices, devices=devices,
         device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None, progress=not json_out,
+        fresh_interpreter=fresh_interpreter,
     )
     outcome = run_sweep(request)
     if json_out:
@@ -295,6 +297,15 @@ _register_app(app)
 from assay.kernels.commands import register as _register_kernels  # noqa: E402
 
 _register_kernels(app)
+from assay.recall.commands import register as _register_recall  # noqa: E402
+
+_register_recall(app)
+from assay.serve.commands import register as _register_serve  # noqa: E402
+
+_register_serve(app)
+from assay.serve.bench_commands import register as _register_serve_bench  # noqa: E402
+
+_register_serve_bench(app)
 
 
 def main() -> None:
@@ -302,7 +313,19 @@ def main() -> None:
         from assay.core.plugins import load_plugins
 
         load_plugins()
-        app(standalone_mode=True)
+        # Not standalone: a usage error (unknown option, bad value) is one line and exit 2 like any
+        # other bad input, instead of Click's usage box.
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except typer.Abort:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except typer.TyperException as exc:  # Click's usage errors (Typer vendors Click)
+        if type(exc).__name__ == "NoArgsIsHelpError" and getattr(exc, "ctx", None) is not None:
+            typer.echo(exc.ctx.get_help())  # a group called without a sub-command: its help, as Click does
+        else:
+            typer.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
     except AssayError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)

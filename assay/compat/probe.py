@@ -7,7 +7,6 @@ torch.compile, compare with a CPU eager run of the same checkpoint, record one d
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 import traceback

@@ -7,7 +7,6 @@ Rows are written by this process only, one at a time, each atomically: a sweep k
 from __future__ import annotations
 
 import os
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace

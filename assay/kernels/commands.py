@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from assay.core.errors import AssayError
+from assay.core.values import comma_list
 
 CHECK_COLUMNS = ["kernel", "case", "dtype", "impl", "tensor", "max_abs", "rel", "reference_rel", "max_abs_vs_torch", "tol", "ok"]
 CHECK_HEADERS = {"max_abs": "max|d| f64", "rel": "rel f64", "reference_rel": "ref rel f64", "max_abs_vs_torch": "max|d| torch f32"}
@@ -18,7 +19,7 @@ DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "fp3
 
 
 def _names(kernels: Optional[str]) -> list[str] | None:
-    return [name.strip() for name in kernels.split(",") if name.strip()] if kernels else None
+    return list(comma_list("--kernels", kernels, required=False)) if kernels else None
 
 
 def register(app: typer.Typer) -> None:

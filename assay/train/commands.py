@@ -8,12 +8,13 @@ from typing import Optional
 import typer
 
 from assay.core.errors import AssayError
+from assay.core.values import comma_list
 
 
 def _split_list(text: Optional[str]) -> Optional[tuple[str, ...]]:
     if text is None:
         return None
-    return tuple(name.strip() for name in text.split(",") if name.strip())
+    return comma_list("--kernels", text, required=False)
 
 
 def train_command(

@@ -15,12 +15,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from assay.core.errors import AssayError
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
+# Labels equal to this are not scored (the Transformers convention, and F.cross_entropy's default):
+# a synthetic task (assay.recall's associative recall) trains only on its answer positions.
+IGNORE_INDEX = -100
 JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 
@@ -181,3 +185,16 @@ class PackedBatches:
     def tokens_consumed(self, step: int) -> int:
         """Global tokens read before `step` (the data position a checkpoint records)."""
         return step * self.batch * self.seq_len
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """What the trainer reads batches from: PackedBatches (text) or a synthetic task's generator.
+
+    batch_for(step) -> (inputs, labels), each [rows of this rank, seq_len]; labels IGNORE_INDEX where
+    no loss is taken. A pure function of step, so resuming at step s reads what step s would have.
+    """
+
+    def batch_for(self, step: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def tokens_consumed(self, step: int) -> int: ...

@@ -26,7 +26,7 @@ from assay.core.files import atomic_write_text
 from assay.core.metrics import JsonlWriter, StepTimer, lookup_peak_flops, measure_peak_flops, mfu, read_jsonl, train_flops_per_token
 from assay.train import checkpoint as checkpoints
 from assay.train import distributed
-from assay.train.data import DataSpec, PackedBatches, load_texts, load_tokenizer, tokenize
+from assay.train.data import IGNORE_INDEX, BatchSource, DataSpec, PackedBatches, load_texts, load_tokenizer, tokenize
 from assay.train.model_paths import ModelChoice, TrainModel, apply_kernel_registry, load_model
 from assay.train.optimization import OptimConfig, build_optimizer, clip_grad_norm
 from assay.train.records import phase_mfu, phase_tokens_per_s, steady_records, warmup_records
@@ -80,6 +80,10 @@ class TrainRequest:
     peak_flops: str = "auto"  # "auto" (table by device name), "measure", or FLOP/s as a number
     timing_warmup_steps: int = 1
     progress: bool = False
+    # A synthetic token source (e.g. associative recall) in place of `data`: the same loop, optimizer and
+    # metrics; its labels may hold IGNORE_INDEX. In-process callers only (not a CLI flag, not resumable
+    # across processes unless the source is rebuilt the same way).
+    batch_source: BatchSource | None = field(default=None, compare=False, repr=False)
 
     def run_fingerprint(self) -> dict:
         """What must match for --resume to continue this run exactly (--steps may change: a longer run)."""
@@ -133,8 +137,11 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy over every position, in float32. logits: [B, T, V]; labels: [B, T]."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+    """Mean cross entropy over every scored position, in float32. logits: [B, T, V]; labels: [B, T].
+
+    Positions labelled IGNORE_INDEX are left out (text batches have none, so their loss is unchanged).
+    """
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
 def check_init(loaded: TrainModel, inputs: torch.Tensor, labels: torch.Tensor, layout: distributed.Layout, seed: int) -> CheckInit:
@@ -224,9 +231,12 @@ class Trainer:
 
     def _set_up(self) -> None:
         request, loaded, layout = self.request, self.loaded, self.layout
-        tokenizer = load_tokenizer(loaded.checkpoint)
-        tokens = tokenize(load_texts(request.data), tokenizer, loaded.vocab_size)
-        self.batches = PackedBatches(tokens, request.seq_len, request.batch, request.seed, layout.dp_rank, layout.dp_shard)
+        if request.batch_source is not None:
+            self.batches = request.batch_source
+        else:
+            tokenizer = load_tokenizer(loaded.checkpoint)
+            tokens = tokenize(load_texts(request.data), tokenizer, loaded.vocab_size)
+            self.batches = PackedBatches(tokens, request.seq_len, request.batch, request.seed, layout.dp_rank, layout.dp_shard)
         self.stopped: str | None = None  # why run() trains nothing (a failed check, a dry run)
         self.init_check: CheckInit | None = None
         self.kernels = None

@@ -15,11 +15,19 @@ keys stay `layers.{i}.moe.experts.w1` etc.
 
 No torch.distributed here: tensor parallelism and FSDP are applied from outside (parallelize.py).
 Attention infers its local head count from the projected width, so column-sharded wq/wk/wv work as is.
+
+KV-cache decoding (gpt-fast style, for the serving engine): a static cache of n_rows slots, each
+max_len positions long, allocated once by init_kv_cache. prefill() fills positions 0..T-1 of the
+given rows and goes through the rope/sdpa seams exactly as forward() does (so its logits are
+forward()'s); decode_step() appends one token per row at that row's own position with plain ops
+(a per-row rotary and a masked SDPA over the whole static row), because the seams' signatures
+assume one shared position range and no cache.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +65,17 @@ def rotary_cos_sin(head_dim: int, max_seq_len: int, theta: float, device=None) -
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary at per-row positions. q: [B, T, Hq, D]; k: [B, T, Hkv, D]; cos, sin: [B, T, D] (float32)."""
+    cos = cos[:, :, None, :].to(q.dtype)
+    sin = sin[:, :, None, :].to(q.dtype)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+# Per layer (k, v), each [n_rows, max_len, n_kv_heads, head_dim]: one row per serving slot.
+KVCache: TypeAlias = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class RotaryEmbedding(nn.Module):
@@ -97,13 +116,58 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [B, T, dim]; cos, sin: [T, head_dim] -> [B, T, dim]
         batch, seq_len, _ = x.shape
+        q, k, v = self.project_qkv(x)
+        q, k = self.rope(q, k, cos, sin)
+        attended = self.sdpa(q, k, v)
+        return self.wo(attended.reshape(batch, seq_len, -1))
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # x: [B, T, dim] -> q: [B, T, Hq, D]; k, v: [B, T, Hkv, D] (normalised, before the rotary)
+        batch, seq_len, _ = x.shape
         # -1 heads: under tensor parallelism the projections are column-sharded and hold local heads only.
         q = self.q_norm(self.wq(x).view(batch, seq_len, -1, self.head_dim))
         k = self.k_norm(self.wk(x).view(batch, seq_len, -1, self.head_dim))
         v = self.wv(x).view(batch, seq_len, -1, self.head_dim)
-        q, k = self.rope(q, k, cos, sin)
+        return q, k, v
+
+    def prefill(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], slot_ids: torch.Tensor
+    ) -> torch.Tensor:
+        # x: [B, T, dim]; cos, sin: [T, head_dim]; cache k, v: [N, S, Hkv, D]; slot_ids: [B] -> [B, T, dim]
+        batch, seq_len, _ = x.shape
+        q, k, v = self.project_qkv(x)
+        q, k = self.rope(q, k, cos, sin)  # the seams, as in forward(): prefill attends only to its own tokens
+        cache_k, cache_v = cache
+        cache_k[slot_ids, :seq_len] = k.to(cache_k.dtype)
+        cache_v[slot_ids, :seq_len] = v.to(cache_v.dtype)
         attended = self.sdpa(q, k, v)
         return self.wo(attended.reshape(batch, seq_len, -1))
+
+    def decode(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        slot_ids: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> torch.Tensor:
+        # x: [W, 1, dim]; cos, sin: [W, 1, head_dim]; cache k, v: [N, S, Hkv, D]; slot_ids, positions: [W];
+        # visible: [W, 1, 1, S] bool (position s <= positions[w]) -> [W, 1, dim]
+        width = x.shape[0]
+        q, k, v = self.project_qkv(x)
+        q, k = apply_rotary(q, k, cos, sin)  # plain ops: each row has its own position
+        cache_k, cache_v = cache
+        # In place (index_put_ on the graph input): the cache stays one static buffer, no recompiles.
+        cache_k.index_put_((slot_ids, positions), k[:, 0].to(cache_k.dtype))
+        cache_v.index_put_((slot_ids, positions), v[:, 0].to(cache_v.dtype))
+        keys, values = cache_k[slot_ids].to(q.dtype), cache_v[slot_ids].to(q.dtype)  # [W, S, Hkv, D]
+        attended = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=visible,
+            enable_gqa=q.shape[2] != keys.shape[2],
+        )
+        return self.wo(attended.transpose(1, 2).reshape(width, 1, -1))
 
 
 class MLP(nn.Module):
@@ -186,6 +250,9 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [B, T, dim]; cos, sin: [T, head_dim] -> [B, T, dim]
         h = x + self.attention(self.attention_norm(x), cos, sin)
+        return self.feed_forward(h)
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:  # h: [B, T, dim] -> [B, T, dim]
         feed_forward = self.moe if self.is_moe else self.mlp
         return h + feed_forward(self.ffn_norm(h))
 
@@ -237,6 +304,55 @@ class Qwen3(nn.Module):
         h = self.tok_embeddings(tokens)
         for block in self.layers:
             h = block(h, cos, sin)
+        return self.output(self.norm(h))
+
+    # ---------------------------------------------------------------- KV-cache decoding
+
+    def init_kv_cache(self, n_rows: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        """A zeroed static cache: per layer (k, v), each [n_rows, max_len, n_kv_heads, head_dim].
+
+        Static (allocated once, written in place): a compiled decode_step sees the same shapes every
+        token; a growing cache would recompile at every length.
+        """
+        if n_rows < 1 or max_len < 1:
+            raise AssayError(f"a KV cache needs n_rows >= 1 and max_len >= 1, got {n_rows} and {max_len}")
+        if max_len > self.rope_cos.shape[0]:
+            raise AssayError(f"KV cache max_len={max_len} exceeds the model's max_seq_len={self.rope_cos.shape[0]}")
+        weight = self.tok_embeddings.weight
+        dtype = dtype or weight.dtype
+        shape = (n_rows, max_len, self.args.n_kv_heads, self.args.head_dim)
+        return [
+            (torch.zeros(shape, dtype=dtype, device=weight.device), torch.zeros(shape, dtype=dtype, device=weight.device))
+            for _ in self.layers
+        ]
+
+    def prefill(self, tokens: torch.Tensor, kv_cache: KVCache, slot_ids: torch.Tensor) -> torch.Tensor:
+        # tokens: [B, T]; slot_ids: [B] int64 -> logits: [B, T, vocab]; writes positions 0..T-1 of rows slot_ids
+        seq_len = tokens.shape[1]
+        max_len = kv_cache[0][0].shape[1]
+        if seq_len > max_len:
+            raise AssayError(f"a prompt of {seq_len} tokens exceeds the KV cache length {max_len}")
+        cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
+        h = self.tok_embeddings(tokens)
+        for block, cache in zip(self.layers, kv_cache):
+            h = h + block.attention.prefill(block.attention_norm(h), cos, sin, cache, slot_ids)
+            h = block.feed_forward(h)
+        return self.output(self.norm(h))
+
+    def decode_step(
+        self, tokens: torch.Tensor, kv_cache: KVCache, slot_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        # tokens: [W, 1]; slot_ids, positions: [W] int64 -> logits: [W, 1, vocab]
+        # Row w's new k/v go to position positions[w] of cache row slot_ids[w]; it attends to 0..positions[w].
+        # positions is a tensor, never a Python int, so a compiled step does not specialise on the length.
+        max_len = kv_cache[0][0].shape[1]
+        cos, sin = self.rope_cos[positions][:, None, :], self.rope_sin[positions][:, None, :]  # [W, 1, D]
+        span = torch.arange(max_len, device=positions.device)
+        visible = (span[None, :] <= positions[:, None])[:, None, None, :]  # [W, 1, 1, S]
+        h = self.tok_embeddings(tokens)
+        for block, cache in zip(self.layers, kv_cache):
+            h = h + block.attention.decode(block.attention_norm(h), cos, sin, cache, slot_ids, positions, visible)
+            h = block.feed_forward(h)
         return self.output(self.norm(h))
 
 

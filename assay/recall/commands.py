@@ -1,0 +1,125 @@
+"""`assay recall train|needle|report`: flags in, one function call, a table (or --json) and a PNG out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from assay.core.values import comma_list
+
+NEEDLE_COLUMNS = ["length", "depth", "accuracy", "correct", "trials", "status"]
+
+
+def _ints(flag: str, text: str) -> tuple[int, ...]:
+    return comma_list(flag, text, int)
+
+
+def _floats(flag: str, text: str) -> tuple[float, ...]:
+    return comma_list(flag, text, float)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return comma_list("--arch", text, required=False)
+
+
+def register(app: typer.Typer) -> None:
+    recall_app = typer.Typer(no_args_is_help=True, help="Recall under a fixed state: associative recall and needle probes, GLA vs attention.")
+    app.add_typer(recall_app, name="recall")
+
+    @recall_app.command("train")
+    def train(
+        out: Path = typer.Option(..., "--out", help="folder for results.json, recall.png and the trained checkpoints"),
+        arch: str = typer.Option("gla,qwen3", "--arch", help="architectures: gla, qwen3 (attention)"),
+        pairs: str = typer.Option("8,32,128", "--pairs", help="key-value pair counts to score (and train on, mixed)"),
+        seq_len: str = typer.Option("256,1024", "--seq-len", help="sequence lengths: one model per architecture and length"),
+        budget_min: Optional[float] = typer.Option(None, "--budget-min", help="wall minutes per model"),
+        steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps per model (the schedule's length)"),
+        batch: int = typer.Option(32, "--batch", help="sequences per step"),
+        tokens_per_step: Optional[int] = typer.Option(None, "--tokens-per-step", help="instead of --batch: batch = this // seq_len per length"),
+        lr: float = typer.Option(3e-3, "--lr", help="peak learning rate (AdamW, warmup + cosine)"),
+        dim: int = typer.Option(64, "--dim", help="model width (both architectures)"),
+        layers: int = typer.Option(2, "--layers"),
+        heads: int = typer.Option(4, "--heads"),
+        hidden: int = typer.Option(128, "--hidden", help="SwiGLU width"),
+        keys: int = typer.Option(256, "--keys", help="key (and value) tokens in the MQAR vocabulary; chance is 1/keys"),
+        eval_examples: int = typer.Option(64, "--eval-examples", help="scored sequences per pair count"),
+        seed: int = typer.Option(0, "--seed"),
+        device: str = typer.Option("cpu", "--device"),
+        threads: int = typer.Option(1, "--threads", help="torch threads while training (1: fastest for tiny models on a shared CPU)"),
+        plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="PNG to draw (default OUT/recall.png)"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ):
+        """Train matched-size GLA and attention models on MQAR for a fixed budget; accuracy per (pairs, seq_len)."""
+        from assay.core.output import print_json, print_table
+        from assay.recall.models import ModelSize
+        from assay.recall.mqar import MQARSpec
+        from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, plot_accuracy, table_rows
+        from assay.recall.train import RecallTrainRequest, train_recall
+
+        request = RecallTrainRequest(
+            out=out, archs=_names(arch), pairs=_ints("--pairs", pairs), seq_lens=_ints("--seq-len", seq_len), steps=steps,
+            budget_min=budget_min, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden),
+            layout=MQARSpec(n_keys=keys, n_values=keys), eval_examples=eval_examples, seed=seed, device=device, threads=threads,
+            progress=not json_out,
+        )
+        result = train_recall(request)
+        png = plot_accuracy(result.rows, plot or out / "recall.png", chance=request.layout.chance) if any(r["status"] == "ok" for r in result.rows) else None
+        if json_out:
+            print_json(result.as_dict() | {"plot": str(png) if png else None})
+        else:
+            print_table(table_rows(result.rows), TABLE_COLUMNS, headers=TABLE_HEADERS,
+                        title=f"MQAR recall (chance {100 * request.layout.chance:.2g}%; params {result.params})")
+            typer.echo(f"results: {out / 'results.json'}" + (f"  plot: {png}" if png else ""))
+
+    @recall_app.command("needle")
+    def needle(
+        model: str = typer.Option(..., "--model", help="a checkpoint folder: native GLA, native Qwen3 or any Transformers causal LM"),
+        lengths: str = typer.Option("512,2048,8192", "--lengths", help="prompt lengths in tokens"),
+        depths: str = typer.Option("0,0.25,0.5,0.75,1", "--depths", help="needle depths, 0 (start) to 1 (end)"),
+        trials: int = typer.Option(4, "--trials", help="prompts per cell"),
+        fmt: str = typer.Option("auto", "--format", help="auto, text or tokens (tokens: checkpoints from `recall train`)"),
+        device: str = typer.Option("cpu", "--device"),
+        seed: int = typer.Option(0, "--seed"),
+        plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="heat-map PNG to draw"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ):
+        """Needle probe of any checkpoint, no training: accuracy over lengths x depths."""
+        from assay.core.output import print_json, print_table
+        from assay.recall.needle import NeedleRequest, run_needle
+        from assay.recall.report import plot_needle
+
+        request = NeedleRequest(model=model, lengths=_ints("--lengths", lengths), depths=_floats("--depths", depths), trials=trials,
+                                format=fmt, device=device, seed=seed, progress=not json_out)
+        result = run_needle(request)
+        png = plot_needle(result.as_dict(), plot) if plot else None
+        if json_out:
+            print_json(result.as_dict() | {"grid": result.grid(list(request.lengths), list(request.depths)), "plot": str(png) if png else None})
+        else:
+            rows = [c | {"accuracy": f"{100 * c['accuracy']:.0f}%" if c["accuracy"] is not None else "-",
+                         "status": c["status"] if c["status"] == "ok" else f"skipped: {c['reason']}"} for c in result.cells]
+            print_table(rows, NEEDLE_COLUMNS, title=f"needle ({result.format}) on {model} [{result.kind}], chance {100 * result.chance:.2g}%")
+            if png:
+                typer.echo(f"plot: {png}")
+
+    @recall_app.command("report")
+    def report(
+        folder: Path = typer.Argument(..., help="a `recall train` output folder (or its results.json)"),
+        plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="PNG to draw: accuracy vs pairs"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ):
+        """The saved table of a `recall train` run, and its plot."""
+        from assay.core.output import print_json, print_table
+        from assay.recall.mqar import MQARSpec
+        from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, load_results, plot_accuracy, table_rows
+
+        data = load_results(folder)
+        chance = MQARSpec(**data["request"]["layout"]).chance if "request" in data else None
+        png = plot_accuracy(data["rows"], plot, chance=chance) if plot else None
+        if json_out:
+            print_json(data | {"plot": str(png) if png else None})
+        else:
+            print_table(table_rows(data["rows"]), TABLE_COLUMNS, headers=TABLE_HEADERS, title=f"MQAR recall: {folder}")
+            if png:
+                typer.echo(f"plot: {png}")

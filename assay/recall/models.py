@@ -1,0 +1,146 @@
+"""Matched-size GLA and attention (native Qwen3) checkpoints for the recall comparison, and their state sizes.
+
+Both architectures get the same width, depth, heads and SwiGLU width, so the only difference is how a
+layer mixes tokens: a fixed [K, V] matrix per head (GLA) or keys and values for every token (attention).
+GLA's projections (q, k at dim/2; v, output gate, out at dim; a low-rank gate) and Qwen3's (q, k, v,
+out at dim, multi-head: as many key/value heads as query heads, like Zoology's attention baseline)
+land within a few percent of each other; `matched_params` checks the counts are within 10%.
+
+A checkpoint is an ordinary model folder (config.json, safetensors, the zoo tokenizer) written by the
+family's export_hf, so the trainer loads it like any other model, plus recall.json: the MQAR token
+layout it is trained on, which `assay recall needle --format tokens` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from assay.core.errors import AssayError
+from assay.core.files import atomic_write_json, atomic_write_text
+from assay.recall.mqar import MQARSpec
+
+ARCHS = ("gla", "qwen3")
+LAYOUT_FILE = "recall.json"
+# The zoo tokenizer's special token ids (bos, eos, pad), written to config.json for readers that look.
+TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+MATCH_TOLERANCE = 0.10  # parameter counts of the two architectures may differ by at most this fraction
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Shared by both architectures. dim 64 / 2 layers / 4 heads are the zoo's tiny sizes: small enough
+    to train for minutes on two CPU cores, with a GLA state (4 KB) far below the KV cache at 256 tokens."""
+
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    hidden_dim: int = 128
+    vocab_size: int = 1024
+    max_seq_len: int = 8192  # attention's rotary table (and the needle's longest prompt); GLA records it only
+
+
+def model_args(arch: str, size: ModelSize):
+    """The family's args dataclass for `arch` at `size`."""
+    if arch == "gla":
+        from assay.models.gla import GLAArgs
+
+        # chunk_size 64: the GLA default; every MQAR length used here is a multiple of 64 or padded by gla_chunk.
+        return GLAArgs(vocab_size=size.vocab_size, dim=size.dim, n_layers=size.n_layers, n_heads=size.n_heads,
+                       hidden_dim=size.hidden_dim, max_seq_len=size.max_seq_len)
+    if arch == "qwen3":
+        from assay.models.qwen3 import Qwen3Args
+
+        if size.dim % size.n_heads:
+            raise AssayError(f"dim {size.dim} is not a multiple of {size.n_heads} heads")
+        return Qwen3Args(vocab_size=size.vocab_size, dim=size.dim, n_layers=size.n_layers, n_heads=size.n_heads,
+                         n_kv_heads=size.n_heads, head_dim=size.dim // size.n_heads, hidden_dim=size.hidden_dim,
+                         max_seq_len=size.max_seq_len)
+    raise AssayError(f"unknown architecture {arch!r} (one of {', '.join(ARCHS)})")
+
+
+def build_model(arch: str, size: ModelSize, seed: int = 0):
+    """A randomly initialised native model (std 0.02, each family's default init)."""
+    args = model_args(arch, size)
+    if arch == "gla":
+        from assay.models.gla import build_gla
+
+        return build_gla(args, seed=seed), args
+    from assay.models.qwen3 import build_qwen3
+
+    return build_qwen3(args, seed=seed), args
+
+
+def param_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def state_bytes(arch: str, args, seq_len: int) -> int:
+    """Per-sequence decoding memory at `seq_len` tokens, float32: GLA's fixed state, attention's KV cache."""
+    from assay.models.memory import kv_cache_bytes_per_sequence, linear_state_bytes_per_sequence
+
+    if arch == "gla":
+        return linear_state_bytes_per_sequence(args.n_layers, args.n_heads, args.head_k_dim, args.head_v_dim, torch.float32)
+    return kv_cache_bytes_per_sequence(args.n_layers, args.n_kv_heads, args.head_dim, seq_len, torch.float32)
+
+
+def state_kind(arch: str) -> str:
+    return "state" if arch == "gla" else "kv_cache"
+
+
+def matched_params(size: ModelSize, archs: tuple[str, ...] = ARCHS) -> dict[str, int]:
+    """Total parameters per architecture at `size`; AssayError when they differ by more than 10%."""
+    counts = {}
+    for arch in archs:
+        with torch.device("meta"):
+            model, _ = _meta_model(arch, size)
+        counts[arch] = param_count(model)
+    low, high = min(counts.values()), max(counts.values())
+    if high > low * (1 + MATCH_TOLERANCE):
+        raise AssayError(f"parameter counts are not matched within {MATCH_TOLERANCE:.0%}: {counts}")
+    return counts
+
+
+def _meta_model(arch: str, size: ModelSize):
+    args = model_args(arch, size)
+    if arch == "gla":
+        from assay.models.gla import build_gla
+
+        return build_gla(args, device="meta"), args
+    from assay.models.qwen3 import build_qwen3
+
+    return build_qwen3(args, device="meta"), args
+
+
+def write_checkpoint(model: torch.nn.Module | dict, arch: str, args, out_dir: Path, layout: MQARSpec | None) -> Path:
+    """Export a native model (or its state dict) as a checkpoint folder with the zoo tokenizer and recall.json."""
+    from assay.zoo.tokenizer import write_tokenizer
+
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory(prefix="recall-tokenizer-") as source:
+        # The families' export copies tokenizer files and token ids from a source checkpoint folder.
+        write_tokenizer(source)
+        atomic_write_text(Path(source) / "config.json", json.dumps(TOKEN_IDS) + "\n")
+        if arch == "gla":
+            from assay.models.gla import export_hf
+        else:
+            from assay.models.qwen3 import export_hf
+        export_hf(model, args, out_dir, tokenizer_source_dir=source)
+    if layout is not None:
+        atomic_write_json(out_dir / LAYOUT_FILE, {"mqar": layout.as_dict()})
+    return out_dir
+
+
+def read_layout(checkpoint: Path) -> MQARSpec | None:
+    """The MQAR token layout a `recall train` checkpoint was trained on, or None for any other model."""
+    path = Path(checkpoint) / LAYOUT_FILE
+    if not path.is_file():
+        return None
+    try:
+        return MQARSpec(**json.loads(path.read_text())["mqar"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise AssayError(f"{path} is not a recall layout file: {error}") from None

@@ -1,0 +1,191 @@
+"""`assay recall train`: small GLA and attention models trained on MQAR for a fixed budget, scored per pair count.
+
+One model per (architecture, seq_len), trained on a mixture of the requested pair counts that fit the
+length, then scored on each count separately: cheaper than one model per cell, and the same trained
+weights answer every pair count, so a row's drop with more pairs is the architecture's, not a
+different run's luck. Training goes through the training pilot (assay.train.Trainer: its optimizer,
+schedule, loss and step records) with an MQARBatches source in place of text.
+
+Budget: --steps (the schedule's length) and/or --budget-min (wall minutes per model, checked between
+steps). With only a wall budget the schedule is planned for `max_steps` and stops early; a wall budget
+on a shared machine is noisy, so every result records steps done and minutes used beside its accuracy.
+
+results.json (written atomically after each model, so a stopped run keeps finished models) holds one
+row per (arch, seq_len, pairs) and each model's checkpoint folder, loadable by `recall needle`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from assay.core.errors import AssayError
+from assay.core.files import atomic_write_json
+from assay.recall.models import ARCHS, ModelSize, build_model, matched_params, model_args, state_bytes, state_kind, write_checkpoint
+from assay.recall.mqar import MQARBatches, MQARSpec, check_fits, evaluate, model_predictor
+
+RESULTS_FILE = "results.json"
+SCHEMA = "assay.recall.train/1"
+DEFAULT_MAX_STEPS = 100_000  # the schedule's length when only --budget-min bounds the run
+
+
+@dataclass(frozen=True)
+class RecallTrainRequest:
+    out: Path
+    archs: tuple[str, ...] = ARCHS
+    pairs: tuple[int, ...] = (8, 32, 128)
+    seq_lens: tuple[int, ...] = (256, 1024)
+    steps: int | None = None
+    budget_min: float | None = None
+    batch: int = 32
+    # Set: each length gets batch = tokens_per_step // seq_len, so every model sees the same tokens per step.
+    tokens_per_step: int | None = None
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    size: ModelSize = field(default_factory=ModelSize)
+    layout: MQARSpec = field(default_factory=MQARSpec)
+    eval_examples: int = 64
+    seed: int = 0
+    device: str = "cpu"
+    # torch threads while training. 1 by default: a tiny model's step is hundreds of small ops, and on a
+    # shared 2-core machine a second thread waits on a descheduled peer (measured: 0.14 s vs 1.5 s a step).
+    threads: int | None = 1
+    progress: bool = False
+
+
+@dataclass
+class RecallTrainResult:
+    rows: list[dict]
+    models: list[dict]
+    params: dict[str, int]
+    out: Path
+
+    def as_dict(self) -> dict:
+        return {"schema": SCHEMA, "rows": self.rows, "models": self.models, "params": self.params}
+
+
+def _validate(request: RecallTrainRequest) -> None:
+    if request.steps is None and request.budget_min is None:
+        raise AssayError("give a training budget: --steps N and/or --budget-min M")
+    if request.steps is not None and request.steps < 1:
+        raise AssayError(f"--steps must be >= 1 (got {request.steps})")
+    if request.budget_min is not None and not (request.budget_min > 0 and math.isfinite(request.budget_min)):
+        raise AssayError(f"--budget-min must be a positive number of minutes (got {request.budget_min})")
+    for arch in request.archs:
+        if arch not in ARCHS:
+            raise AssayError(f"unknown --arch {arch!r} (one of {', '.join(ARCHS)})")
+    if not request.archs or not request.pairs or not request.seq_lens:
+        raise AssayError("--arch, --pairs and --seq-len each need at least one value")
+    for seq_len in request.seq_lens:
+        if seq_len < 4 or seq_len > request.size.max_seq_len:
+            raise AssayError(f"--seq-len {seq_len}: expected 4 to {request.size.max_seq_len}")
+    if request.batch < 1 or request.eval_examples < 1:
+        raise AssayError("--batch and --eval-examples must be >= 1")
+    if request.tokens_per_step is not None and request.tokens_per_step < max(request.seq_lens):
+        raise AssayError(f"--tokens-per-step {request.tokens_per_step} is less than one sequence of {max(request.seq_lens)}")
+
+
+def train_recall(request: RecallTrainRequest) -> RecallTrainResult:
+    _validate(request)
+    out = Path(request.out)
+    params = matched_params(request.size, request.archs)
+    result = RecallTrainResult([], [], params, out)
+    threads_before = torch.get_num_threads()
+    if request.threads:
+        torch.set_num_threads(request.threads)
+    try:
+        for seq_len in request.seq_lens:
+            fitting = [p for p in request.pairs if check_fits(request.layout, seq_len, p) is None]
+            for arch in request.archs:
+                args = model_args(arch, request.size)
+                memory = state_bytes(arch, args, seq_len)
+                for pairs in request.pairs:
+                    problem = check_fits(request.layout, seq_len, pairs)
+                    if problem:
+                        result.rows.append(_row(arch, seq_len, pairs, params[arch], memory, status="skipped", reason=problem))
+                if not fitting:
+                    continue
+                model_info, scores = _train_one(request, arch, seq_len, fitting, out)
+                result.models.append(model_info)
+                for pairs, score in scores.items():
+                    result.rows.append(_row(
+                        arch, seq_len, pairs, params[arch], memory, status="ok", accuracy=score.accuracy, correct=score.correct,
+                        total=score.total, steps=model_info["steps_done"], minutes=model_info["minutes"],
+                        final_loss=model_info["final_loss"], checkpoint=model_info["checkpoint"],
+                    ))
+                result.rows.sort(key=lambda r: (r["seq_len"], r["arch"], r["pairs"]))
+                _write(result, request)
+    finally:
+        torch.set_num_threads(threads_before)
+    _write(result, request)
+    return result
+
+
+def _row(arch, seq_len, pairs, params, memory, status, reason=None, **measured) -> dict:
+    return {
+        "arch": arch, "seq_len": seq_len, "pairs": pairs, "status": status, "reason": reason,
+        "accuracy": measured.get("accuracy"), "correct": measured.get("correct"), "total": measured.get("total"),
+        "params": params, "state_bytes": memory, "state_kind": state_kind(arch),
+        "steps": measured.get("steps"), "minutes": measured.get("minutes"), "final_loss": measured.get("final_loss"),
+        "checkpoint": measured.get("checkpoint"),
+    }
+
+
+def _write(result: RecallTrainResult, request: RecallTrainRequest) -> None:
+    settings = asdict(request) | {"out": str(request.out)}
+    atomic_write_json(result.out / RESULTS_FILE, result.as_dict() | {"request": settings})
+
+
+def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts: list[int], out: Path):
+    """Build, train (budget) and score one model; (model info, {pairs: Score})."""
+    from assay.core.progress import progress_bar
+    from assay.train.optimization import OptimConfig
+    from assay.train.trainer import TrainRequest, Trainer
+
+    name = f"{arch}-L{seq_len}"
+    model, args = build_model(arch, request.size, seed=request.seed)
+    initial = write_checkpoint(model, arch, args, out / "models" / f"{name}-init", request.layout)
+    del model
+    max_steps = request.steps or DEFAULT_MAX_STEPS
+    batch = request.tokens_per_step // seq_len if request.tokens_per_step else request.batch
+    source = MQARBatches(request.layout, seq_len, batch, pair_counts, seed=request.seed)
+    # Weight decay 0: the embeddings of rarely drawn keys would be decayed towards zero between their uses.
+    optim = OptimConfig(lr=request.lr, warmup_steps=min(request.warmup_steps, max_steps), weight_decay=0.0)
+    train_request = TrainRequest(
+        model=str(initial), path="native", steps=max_steps, batch=batch, seq_len=seq_len, optim=optim,
+        seed=request.seed, device=request.device, batch_source=source,
+    )
+    trainer = Trainer(train_request)
+    deadline = time.monotonic() + request.budget_min * 60 if request.budget_min else math.inf
+    started = time.monotonic()
+    record = None
+    try:
+        total = request.steps or 0
+        with progress_bar(f"recall {name}", total=total, enabled=request.progress) as advance:
+            for step in range(max_steps):
+                if time.monotonic() >= deadline:
+                    break
+                record = trainer.step(step)
+                advance(f"loss {record['loss']:.3f}")
+        minutes = (time.monotonic() - started) / 60
+        loaded = trainer.loaded
+        loaded.model.eval()
+        predict = model_predictor(loaded.logits, trainer.device)
+        # Scored on sequences the training stream never shows (another seed), the same set for every model.
+        scores = {p: evaluate(predict, request.layout, seq_len, p, request.eval_examples, seed=request.seed + 10_007) for p in pair_counts}
+        state = {key: tensor.detach().cpu() for key, tensor in loaded.model.state_dict().items()}
+        checkpoint = write_checkpoint(state, arch, args, out / "models" / name, request.layout)
+    finally:
+        trainer.close()
+    steps_done = len(trainer.records)
+    info = {
+        "name": name, "arch": arch, "seq_len": seq_len, "pairs_trained": pair_counts, "batch": batch, "checkpoint": str(checkpoint),
+        "steps_done": steps_done, "steps_planned": max_steps, "minutes": minutes,
+        "final_loss": record["loss"] if record else None, "first_loss": trainer.records[0]["loss"] if trainer.records else None,
+        "stopped_by": "budget-min" if steps_done < max_steps else "steps",
+    }
+    return info, scores

@@ -1,0 +1,449 @@
+"""The serving engine: a slot pool, continuous batching, decode at bucketed widths, and its accounting.
+
+    engine = Engine.from_checkpoint("zoo/gla", EngineConfig(max_seqs=8, buckets=(1, 2, 4, 8)))
+    engine.warm_up()                                  # compiles widths 1, 2, 4, 8 now, not while serving
+    engine.add_request("r1", prompt_tokens, max_tokens=32)
+    while engine.has_unfinished():
+        for event in engine.step(): ...               # TokenEvent per new token (and per abort)
+    engine.stats().as_dict()                          # compiles, compile share, tokens/s, TTFT/TPOT, memory
+
+One step: abort what was asked to stop, admit waiting requests into free slots (prefill, eager, one
+prompt at a time; the first token comes from the prefill's last logits), then one decode step for every
+running sequence at the width the scheduler picks, padding rows pointing at the scratch slot.
+
+Threads: add_request / abort may be called from any thread (an HTTP server's event loop); step() from
+one engine thread only. The waiting queue, the abort set and the set of live ids are guarded by a lock;
+the pool, the running table and the accounting are touched by the stepping thread alone.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import types
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from assay.core.compiling import CompileStats, compile_fn, watch
+from assay.core.device import resolve_backend, resolve_device, synchronize
+from assay.core.errors import AssayError
+from assay.core.numerics import max_abs_diff, rel_error
+from assay.serve.accounting import EagerCheck, EngineStats, MemoryFacts, StepRecord, now
+from assay.serve.adapters import KV_REFERENCE_DTYPE, KV_REFERENCE_LENGTHS, ModelAdapter, load_adapter, state_dtype
+from assay.serve.pool import SlotPool
+from assay.serve.scheduler import DEFAULT_BUCKETS, check_buckets, decode_width, warm_up_widths
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_seqs: int = 64  # slots in the pool
+    buckets: tuple[int, ...] | None = DEFAULT_BUCKETS  # None: --no-buckets (each new width compiled when first seen)
+    eager: bool = False
+    device: str = "cpu"
+    backend: str = "inductor"
+    state_dtype: str = "float32"  # or "bfloat16"
+    max_waiting: int = 256  # bounded queue of requests not yet in a slot
+    max_prompt_tokens: int = 8192
+    max_new_tokens: int = 4096  # upper limit for a request's max_tokens
+    # A KV-cache model's slot holds max_len positions; default max_prompt_tokens + max_new_tokens.
+    max_len: int | None = None
+    # Also run the eager model on each compiled decode step's exact inputs and record the logit difference.
+    check_eager: bool = False
+    # Prompt tokens prefilled per step at most (None: every waiting request that fits a free slot). Prefill
+    # runs before the step's decode, so a burst of admissions stalls every running sequence; a budget
+    # spreads them over steps. The first waiting prompt is always admitted, so a long one cannot starve.
+    max_prefill_tokens: int | None = None
+
+    @property
+    def mode(self) -> str:
+        return "eager" if self.eager else ("no-buckets" if self.buckets is None else "buckets")
+
+    def slot_len(self) -> int:
+        return self.max_len if self.max_len is not None else self.max_prompt_tokens + self.max_new_tokens
+
+    def validate(self) -> None:
+        if self.max_seqs < 1:
+            raise AssayError(f"--max-seqs must be at least 1, got {self.max_seqs}")
+        if self.max_waiting < 0:
+            raise AssayError(f"--max-waiting must be >= 0, got {self.max_waiting}")
+        if self.max_prompt_tokens < 1 or self.max_new_tokens < 1:
+            raise AssayError("max_prompt_tokens and max_new_tokens must be positive")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise AssayError(f"--max-prefill-tokens must be at least 1, got {self.max_prefill_tokens}")
+        if self.max_len is not None and self.max_len < 2:
+            raise AssayError(f"--max-len must be at least 2, got {self.max_len}")
+        state_dtype(self.state_dtype)
+        check_buckets(self.buckets, self.max_seqs)
+
+
+class QueueFull(AssayError):
+    """add_request when the waiting queue already holds max_waiting requests (HTTP: 429, retry later)."""
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    token_id: int  # -1 for an abort
+    index: int  # 0-based output position
+    finished: bool
+    finish_reason: str | None  # "length" | "stop" | "abort" when finished
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    temperature: float
+    generator: torch.Generator | None
+    stop_token_ids: frozenset[int]
+    slot: int = -1
+    next_position: int = 0  # where the next fed token goes (a KV cache's position; unused by a GLA state)
+    last_token: int = -1
+    generated: list[int] = field(default_factory=list)
+
+
+def _fresh_function(fn):
+    """A copy of `fn` with its own code object. Dynamo keeps compiled graphs per code object, so each
+    engine gets its own cache: its compile count starts at zero and two engines in one process (tests,
+    the benchmark's modes) never share or evict each other's graphs."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _decode_call(adapter: ModelAdapter, tokens, slot_ids, positions, buffers):
+    # tokens: [W, 1]; slot_ids, positions: [W] -> logits [W, vocab]
+    return adapter.decode(tokens, slot_ids, positions, buffers)
+
+
+class Engine:
+    def __init__(self, adapter: ModelAdapter, config: EngineConfig, tokenizer_dir: str | os.PathLike | None = None):
+        config.validate()
+        self.config = config
+        self.adapter = adapter
+        self.device = resolve_device(config.device)
+        self.backend = None if config.eager else resolve_backend(config.backend)
+        self._tokenizer_dir = tokenizer_dir
+        self._tokenizer = None
+        dtype = state_dtype(config.state_dtype)
+        max_len = config.slot_len()
+        self.pool = SlotPool(adapter.pool_buffers(config.max_seqs + 1, dtype, max_len), config.max_seqs)
+        self._max_len = max_len if adapter.uses_max_len() else None
+
+        self._lock = threading.RLock()  # re-entrant: _finish runs both inside step()'s critical section and from _emit
+        self._waiting: deque[_Request] = deque()
+        self._aborts: set[str] = set()
+        self._live_ids: set[str] = set()  # waiting or running
+        self._running: dict[str, _Request] = {}
+        self._step_count = 0
+
+        self.compile_stats = CompileStats()
+        if config.eager:
+            self._decode = adapter.decode
+        else:
+            # dynamic=False: every width is its own static graph, the behaviour the reference system measured.
+            self._decode = compile_fn(_fresh_function(_decode_call), self.backend, self.compile_stats, dynamic=False)
+        # Without buckets every running count up to max_seqs may be a new graph; dynamo's default limit (8
+        # per function) would silently fall back to eager past it.
+        self._recompile_limit = max(64, config.max_seqs + 8)
+
+        kv = adapter.kv_reference()
+        memory = MemoryFacts(
+            state_dtype=str(dtype).removeprefix("torch."),
+            state_bytes_per_sequence=self.pool.bytes_per_slot(),
+            constant_state=not adapter.uses_max_len(),
+            max_len=self._max_len,
+            kv_reference=kv.note,
+            kv_dtype=str(KV_REFERENCE_DTYPE).removeprefix("torch."),
+            kv_bytes_per_sequence={n: kv.bytes_per_sequence(n) for n in KV_REFERENCE_LENGTHS},
+            pool_bytes=self.pool.total_bytes(),
+        )
+        self._stats = EngineStats(
+            model_type=adapter.model_type, mode=config.mode, buckets=list(config.buckets) if config.buckets else None,
+            max_seqs=config.max_seqs, memory=memory, eager_check=EagerCheck() if config.check_eager and not config.eager else None,
+        )
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, config: EngineConfig) -> Engine:
+        """GLA or Qwen3, by config.json's model_type; the checkpoint's own tokenizer."""
+        config.validate()
+        device = resolve_device(config.device)
+        adapter = load_adapter(path, device, config.slot_len())
+        from assay.models.hf_checkpoint import checkpoint_dir
+
+        return cls(adapter, config, tokenizer_dir=checkpoint_dir(path))
+
+    @property
+    def tokenizer(self):
+        """The checkpoint's Hugging Face tokenizer (loaded on first use)."""
+        if self._tokenizer is None:
+            if self._tokenizer_dir is None:
+                raise AssayError("this engine was built without a checkpoint folder, so it has no tokenizer")
+            from transformers import AutoTokenizer
+            from transformers.utils import logging as hf_logging
+
+            # Transformers warns that config.json's model_type (gla) is not one it knows; the tokenizer
+            # files are complete, so the warning is noise in a server's log.
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(str(self._tokenizer_dir))
+            finally:
+                hf_logging.set_verbosity(verbosity)
+        return self._tokenizer
+
+    # ---------------------------------------------------------------- compile
+    def _call_decode(self, tokens, slot_ids, positions):
+        if self.config.eager:
+            return self._decode(tokens, slot_ids, positions, self.pool.buffers)
+        with torch._dynamo.config.patch(
+            recompile_limit=self._recompile_limit, accumulated_recompile_limit=max(256, 4 * self._recompile_limit)
+        ):
+            return self._decode(self.adapter, tokens, slot_ids, positions, self.pool.buffers)
+
+    def _timed_decode(self, tokens, slot_ids, positions) -> tuple[torch.Tensor, bool, float, float]:
+        """(logits, compiled?, compile_s, step_s) of one decode call."""
+        from torch._dynamo.utils import compilation_time_metrics
+
+        graphs_before = self.compile_stats.graphs
+        compile_before = sum(compilation_time_metrics.get("_compile.compile_inner", []))
+        synchronize(self.device)
+        start = now()
+        with torch.no_grad(), watch(self.compile_stats):
+            logits = self._call_decode(tokens, slot_ids, positions)
+        synchronize(self.device)
+        step_s = now() - start
+        compiled = self.compile_stats.graphs > graphs_before
+        compile_s = 0.0
+        if compiled:  # dynamo's own timer; clamped to the step, which contains it
+            compile_s = min(max(0.0, sum(compilation_time_metrics.get("_compile.compile_inner", [])) - compile_before), step_s)
+        return logits, compiled, compile_s, step_s
+
+    def warm_up(self) -> None:
+        """Compile every bucket width now (padding rows only: the scratch slot), so serving never waits on the
+        compiler. A no-op under --eager and --no-buckets (there, widths compile when first seen)."""
+        if self.config.eager or self.config.buckets is None:
+            return
+        widths = warm_up_widths(self.config.buckets, self.config.max_seqs)
+        start = now()
+        graphs_before = self.compile_stats.graphs
+        for width in widths:
+            tokens = torch.zeros(width, 1, dtype=torch.int64, device=self.device)
+            slot_ids = torch.full((width,), self.pool.scratch_slot, dtype=torch.int64, device=self.device)
+            positions = torch.zeros(width, dtype=torch.int64, device=self.device)
+            self._timed_decode(tokens, slot_ids, positions)
+        self._stats.warmup_widths = widths
+        self._stats.warmup_compiles += self.compile_stats.graphs - graphs_before
+        self._stats.warmup_s += now() - start
+
+    # ---------------------------------------------------------------- requests
+    def add_request(
+        self, request_id: str, prompt_tokens: list[int], max_tokens: int, temperature: float = 0.0,
+        seed: int | None = None, stop_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        config = self.config
+        prompt = [int(t) for t in prompt_tokens]
+        if not prompt:
+            raise AssayError("the prompt is empty: at least one token is needed")
+        if len(prompt) > config.max_prompt_tokens:
+            raise AssayError(f"the prompt has {len(prompt)} tokens; this server accepts at most {config.max_prompt_tokens}")
+        vocab = self.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt):
+            raise AssayError(f"prompt token ids must be in [0, {vocab})")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= config.max_new_tokens:
+            raise AssayError(f"max_tokens must be an integer in [1, {config.max_new_tokens}], got {max_tokens!r}")
+        if self._max_len is not None and len(prompt) + max_tokens > self._max_len:
+            raise AssayError(
+                f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the {self._max_len} positions of a KV-cache slot"
+            )
+        try:
+            temperature = float(temperature)
+        except (TypeError, ValueError):
+            raise AssayError(f"temperature must be a number, got {temperature!r}") from None
+        if not 0.0 <= temperature < float("inf"):
+            raise AssayError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        generator = None
+        if temperature > 0:
+            generator = torch.Generator(device="cpu").manual_seed(seed if seed is not None else random.getrandbits(63))
+        request = _Request(request_id, prompt, max_tokens, float(temperature), generator, frozenset(int(t) for t in stop_token_ids))
+        with self._lock:
+            if request_id in self._live_ids:
+                raise AssayError(f"request id {request_id!r} is already in use")
+            if len(self._waiting) >= config.max_waiting:
+                raise QueueFull(f"the waiting queue is full ({config.max_waiting} requests); retry later")
+            self._waiting.append(request)
+            self._live_ids.add(request_id)
+            self._stats.request_added(request_id, now())
+
+    def abort(self, request_id: str) -> None:
+        """Stop a waiting or running request; its slot is freed and an "abort" event emitted at the next step."""
+        with self._lock:
+            if request_id in self._live_ids:
+                self._aborts.add(request_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.adapter.args.vocab_size)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def free_slots(self) -> int:
+        return self.pool.num_free
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._live_ids)
+
+    # ---------------------------------------------------------------- the step
+    def step(self) -> list[TokenEvent]:
+        events: list[TokenEvent] = []
+        with self._lock:
+            aborts, self._aborts = self._aborts, set()
+            if aborts:
+                kept = deque()
+                for request in self._waiting:
+                    if request.request_id in aborts:
+                        events.append(self._finish(request, "abort", token_id=-1))
+                    else:
+                        kept.append(request)
+                self._waiting = kept
+            for request_id in [r for r in aborts if r in self._running]:
+                events.append(self._finish(self._running[request_id], "abort", token_id=-1))
+            admitted = self._admissions()
+            for request in admitted:
+                request.slot = self.pool.allocate()
+                self._running[request.request_id] = request
+        for request in admitted:
+            events.append(self._prefill(request))
+        if self._running:
+            events += self._decode_step()
+        return events
+
+    def _admissions(self) -> list[_Request]:
+        """Waiting requests that get a slot this step, oldest first (called with the lock held)."""
+        admitted: list[_Request] = []
+        budget = self.config.max_prefill_tokens
+        prompt_tokens = 0
+        while self._waiting and len(admitted) < self.pool.num_free:
+            size = len(self._waiting[0].prompt)
+            if budget is not None and admitted and prompt_tokens + size > budget:
+                break
+            admitted.append(self._waiting.popleft())
+            prompt_tokens += size
+        return admitted
+
+    def _prefill(self, request: _Request) -> TokenEvent:
+        # Eager, one prompt at a time: prompt lengths vary, and a compiled prefill would either recompile per
+        # length or need dynamic shapes; its time counts toward time to first token, never decode time.
+        tokens = torch.tensor([request.prompt], dtype=torch.int64, device=self.device)
+        synchronize(self.device)
+        start = now()
+        with torch.no_grad():
+            logits = self.adapter.prefill(tokens, request.slot, self.pool.buffers)
+        synchronize(self.device)
+        with self._lock:
+            self._stats.prefills += 1
+            self._stats.prefill_s += now() - start
+        request.next_position = len(request.prompt)
+        token = self._sample(logits[None], [request])[0]
+        return self._emit(request, token)
+
+    def _decode_step(self) -> list[TokenEvent]:
+        running = list(self._running.values())
+        width = decode_width(len(running), self.config.buckets)
+        padding = width - len(running)
+        scratch = self.pool.scratch_slot
+        tokens = torch.tensor([[r.last_token] for r in running] + [[0]] * padding, dtype=torch.int64, device=self.device)
+        slot_ids = torch.tensor([r.slot for r in running] + [scratch] * padding, dtype=torch.int64, device=self.device)
+        positions = torch.tensor([r.next_position for r in running] + [0] * padding, dtype=torch.int64, device=self.device)
+        reference_rows = None
+        if self._stats.eager_check is not None:
+            reference_rows = [buffer.index_select(0, slot_ids).clone() for buffer in self.pool.buffers]
+        logits, compiled, compile_s, step_s = self._timed_decode(tokens, slot_ids, positions)
+        self._step_count += 1
+        with self._lock:
+            self._stats.add_step(StepRecord(self._step_count, width, len(running), compiled, compile_s, step_s))
+        real_logits = logits[: len(running)]
+        if reference_rows is not None:
+            self._check_eager(real_logits, tokens, positions, reference_rows, len(running))
+        for request in running:
+            request.next_position += 1
+        next_tokens = self._sample(real_logits, running)
+        return [self._emit(request, token) for request, token in zip(running, next_tokens)]
+
+    def _check_eager(self, logits, tokens, positions, rows, n_real) -> None:
+        # The same inputs through the uncompiled model, on a private copy of the gathered rows (row i <- slot_ids[i]).
+        local_ids = torch.arange(tokens.shape[0], dtype=torch.int64, device=self.device)
+        with torch.no_grad():
+            reference = self.adapter.decode(tokens, local_ids, positions, rows)[:n_real]
+        self._stats.eager_check.add(max_abs_diff(logits, reference), rel_error(logits, reference))
+
+    def _sample(self, logits: torch.Tensor, requests: list[_Request]) -> list[int]:
+        # logits: [N, vocab]. Greedy rows in one argmax; sampled rows each with their own seeded generator,
+        # outside the compiled graph so a seed gives the same tokens compiled or eager.
+        logits = logits.float().cpu()
+        tokens = logits.argmax(-1).tolist()
+        for row, request in enumerate(requests):
+            if request.temperature > 0:
+                probs = torch.softmax(logits[row] / request.temperature, dim=-1)
+                tokens[row] = int(torch.multinomial(probs, 1, generator=request.generator).item())
+        return tokens
+
+    def _emit(self, request: _Request, token: int) -> TokenEvent:
+        index = len(request.generated)
+        request.generated.append(token)
+        request.last_token = token
+        self._stats.token(request.request_id, now())
+        if token in request.stop_token_ids:
+            with self._lock:
+                return self._finish(request, "stop", token_id=token, index=index)
+        if len(request.generated) >= request.max_tokens:
+            with self._lock:
+                return self._finish(request, "length", token_id=token, index=index)
+        return TokenEvent(request.request_id, token, index, False, None)
+
+    def _finish(self, request: _Request, reason: str, token_id: int, index: int | None = None) -> TokenEvent:
+        """Called with the lock held: the request leaves the live set and gives its slot back."""
+        if request.slot >= 0 and self._running.pop(request.request_id, None) is not None:
+            self.pool.release(request.slot)
+            request.slot = -1
+        self._live_ids.discard(request.request_id)
+        self._aborts.discard(request.request_id)
+        self._stats.request_finished(request.request_id, reason)
+        return TokenEvent(request.request_id, token_id, len(request.generated) if index is None else index, True, reason)
+
+    # ---------------------------------------------------------------- results
+    def stats(self) -> EngineStats:
+        """A snapshot of the accounting so far, safe to read from another thread while step() runs."""
+        with self._lock:
+            return self._stats.snapshot()
+
+    def generated_tokens(self, request_id: str) -> list[int] | None:
+        """Tokens generated so far for a running request (None once it left the engine)."""
+        request = self._running.get(request_id)
+        return list(request.generated) if request else None
+
+
+def run_to_completion(engine: Engine, max_steps: int = 1_000_000) -> dict[str, list[int]]:
+    """Step until nothing is left; every request's generated tokens (aborts excluded), for tests and scripts."""
+    tokens: dict[str, list[int]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return tokens
+        for event in engine.step():
+            if event.token_id >= 0:
+                tokens.setdefault(event.request_id, []).append(event.token_id)
+    raise RuntimeError(f"requests still unfinished after {max_steps} steps")
+
+
+__all__ = ["Engine", "EngineConfig", "QueueFull", "TokenEvent", "run_to_completion"]

@@ -1,0 +1,63 @@
+"""`assay recall train|needle|report` end to end in a subprocess, and bad input as one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from assay.recall.train import SCHEMA
+
+
+def test_train_writes_results_checkpoints_and_plot(recall_run):
+    data = json.loads((recall_run / "results.json").read_text())
+    assert data["schema"] == SCHEMA
+    cells = {(r["arch"], r["pairs"]): r for r in data["rows"]}
+    assert set(cells) == {(a, p) for a in ("gla", "qwen3") for p in (2, 4, 16)}
+    # 16 pairs need 64 tokens: marked skipped with the reason, not trained, not a crash.
+    assert cells[("gla", 16)]["status"] == "skipped" and "seq_len >= 64" in cells[("gla", 16)]["reason"]
+    for arch in ("gla", "qwen3"):
+        row = cells[(arch, 4)]
+        assert row["status"] == "ok" and row["steps"] == 6 and row["total"] == 8 * 4 and 0 <= row["accuracy"] <= 1
+        assert (recall_run / "models" / f"{arch}-L32" / "config.json").is_file()
+    assert cells[("gla", 4)]["state_kind"] == "state" and cells[("qwen3", 4)]["state_kind"] == "kv_cache"
+    assert cells[("gla", 4)]["params"] != cells[("qwen3", 4)]["params"]  # both counts reported, each its own
+    assert (recall_run / "recall.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_prints_the_table_and_draws(recall_run, tmp_path, assay_cli):
+    png = tmp_path / "recall.png"
+    result = assay_cli("recall", "report", str(recall_run), "-o", str(png))
+    assert result.returncode == 0, result.stderr
+    assert "qwen3" in result.stdout and "kv_cache" in result.stdout and "skipped" in result.stdout
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    as_json = assay_cli("recall", "report", str(recall_run), "--json")
+    assert json.loads(as_json.stdout)["rows"] == json.loads((recall_run / "results.json").read_text())["rows"]
+
+
+def test_needle_command_prints_json_grid_and_heat_map(recall_run, tmp_path, assay_cli):
+    png = tmp_path / "needle.png"
+    result = assay_cli("recall", "needle", "--model", str(recall_run / "models" / "gla-L32"), "--lengths", "32,64",
+                       "--depths", "0,1", "--trials", "2", "--json", "-o", str(png))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["kind"] == "gla" and data["format"] == "tokens"
+    assert len(data["grid"]) == 2 and len(data["grid"][0]) == 2
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["recall", "train", "--out", "X", "--pairs", "8,x", "--steps", "1"], "--pairs '8,x': expected comma-separated integers"),
+    (["recall", "train", "--out", "X", "--arch", "rwkv", "--steps", "1"], "unknown --arch 'rwkv'"),
+    (["recall", "train", "--out", "X"], "give a training budget"),
+    (["recall", "train", "--out", "X", "--budget-min", "-1"], "--budget-min must be a positive"),
+    (["recall", "needle", "--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
+    (["recall", "needle", "--model", "X", "--depths", "0,1.5"], "--depths 1.5"),
+    (["recall", "report", "/nonexistent/dir"], "no results.json"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, assay_cli, args, message):
+    args = [str(tmp_path / a) if a == "X" else a for a in args]
+    result = assay_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr
