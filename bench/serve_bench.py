@@ -242,8 +242,9 @@ def plot(summary: dict, path: Path) -> None:
     share_ax.set_ylabel("compile share of decode time (%)")
     share_ax.set_title("Poisson arrivals")
     share_ax.legend(fontsize=7)
-    throughput = summary["output_tokens_per_s_by_concurrency"]
-    throughput_ax.plot([int(k) for k in throughput], list(throughput.values()), marker="o")
+    # JSON keys are strings ("1", "32", "64", "8"): sort by concurrency so the line runs left to right.
+    throughput = sorted((int(k), v) for k, v in summary["output_tokens_per_s_by_concurrency"].items())
+    throughput_ax.plot([k for k, _ in throughput], [v for _, v in throughput], marker="o")
     throughput_ax.set_xscale("log", base=2)
     throughput_ax.set_xlabel("concurrent sequences")
     throughput_ax.set_ylabel("output tokens/s (all sequences)")
@@ -253,7 +254,7 @@ def plot(summary: dict, path: Path) -> None:
         values = costs[f"{name}_s_per_token"]
         cost_ax.bar([offset * 3 + 0, offset * 3 + 1], [1000 * values["2048"], 1000 * values["8192"]], color=color, label=name)
     cost_ax.set_xticks([0, 1, 3, 4])
-    cost_ax.set_xticklabels(["GLA 2K", "GLA 8K", "Qwen3 2K", "Qwen3 8K"], fontsize=8)
+    cost_ax.set_xticklabels(["GLA 2K", "GLA 8K", "Qwen3 2K", "Qwen3 8K"], fontsize=8, rotation=20)
     cost_ax.set_ylabel("ms per output token (batch of 8)")
     cost_ax.set_title("prompt length")
     memory = summary["bytes_per_sequence"]

@@ -173,5 +173,6 @@ def new_figure(ncols: int = 1, nrows: int = 1, size=(6.0, 4.0)):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False)
+    # Constrained layout: axis labels and tick labels of neighbouring panels never overlap.
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False, layout="constrained")
     return fig, axes

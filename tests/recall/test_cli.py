@@ -47,7 +47,7 @@ def test_needle_command_prints_json_grid_and_heat_map(recall_run, tmp_path, assa
 
 
 @pytest.mark.parametrize("args, message", [
-    (["recall", "train", "--out", "X", "--pairs", "8,x", "--steps", "1"], "--pairs '8,x': expected comma-separated integers"),
+    (["recall", "train", "--out", "X", "--pairs", "8,x", "--steps", "1"], "--pairs '8,x': 'x' is not an integer"),
     (["recall", "train", "--out", "X", "--arch", "rwkv", "--steps", "1"], "unknown --arch 'rwkv'"),
     (["recall", "train", "--out", "X"], "give a training budget"),
     (["recall", "train", "--out", "X", "--budget-min", "-1"], "--budget-min must be a positive"),
