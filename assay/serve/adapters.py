@@ -16,6 +16,7 @@ and writes the rows back in place; padding rows carry the scratch slot's id.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -52,29 +53,34 @@ class KVLayout:
         return kv_cache_bytes_per_sequence(self.n_layers, self.n_kv_heads, self.head_dim, seq_len, dtype)
 
 
-class ModelAdapter:
+class ModelAdapter(ABC):
     """What the engine needs from an architecture. Subclasses hold the loaded model as `self.model`."""
 
     model_type: str = ""
     model: nn.Module
 
+    @abstractmethod
     def pool_buffers(self, n_rows: int, dtype: torch.dtype, max_len: int) -> list[torch.Tensor]:
         """Zeroed per-slot state: a list of tensors, each with n_rows rows (max_seqs + 1 with the scratch slot)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def prefill(self, tokens: torch.Tensor, slot: int, buffers: list[torch.Tensor]) -> torch.Tensor:
         """tokens [1, T] of one fresh sequence -> logits [vocab] at its last position; its state written to row `slot`."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def decode(self, tokens: torch.Tensor, slot_ids: torch.Tensor, positions: torch.Tensor, buffers: list[torch.Tensor]) -> torch.Tensor:
         """tokens [W, 1], slot_ids [W], positions [W] (of each token) -> logits [W, vocab]; rows updated in place."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def state_bytes_per_sequence(self, dtype: torch.dtype, max_len: int) -> int:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def kv_reference(self) -> KVLayout:
-        raise NotImplementedError
+        ...
 
     def uses_max_len(self) -> bool:
         """True when the pool's size depends on the longest sequence (a KV cache), False for a fixed state."""
