@@ -124,9 +124,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from assay.cli import _quiet_libraries
+    from assay.core.cli import quiet_libraries
 
-    _quiet_libraries()
+    quiet_libraries()
     started = time.time()
     zoo = args.zoo
     if zoo is None:

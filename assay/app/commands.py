@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from assay.core.cli import json_option
 from assay.core.errors import AssayError
 
 
@@ -55,7 +56,7 @@ def register(app: typer.Typer) -> None:
         results: Path = typer.Option(..., "--results", help="results folder to publish"),
         catalog: Optional[Path] = typer.Option(None, "--catalog", help="catalog file (default: RESULTS/catalog.json, else the zoo's stand-ins)"),
         title: str = typer.Option("assay results", help="the Space's title"),
-        json_out: bool = typer.Option(False, "--json"),
+        json_out: bool = json_option(),
     ):
         """Write a folder that runs as-is as a Hugging Face Space (app.py, requirements.txt, README.md, data/)."""
         from assay.app.catalog import resolve_catalog
@@ -79,7 +80,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("catalog.json"), help="catalog file to update (its selected list is kept)"),
         limit: int = typer.Option(50, help="models per ranking (downloads, trending)"),
         from_file: Optional[Path] = typer.Option(None, "--from-file", help="a recorded list_models response instead of the Hub"),
-        json_out: bool = typer.Option(False, "--json"),
+        json_out: bool = json_option(),
     ):
         """Fill the catalog's Trending and Downloads rankings from the Hub's model listing."""
         from assay.app.catalog import catalog_from_dict, load_catalog, recorded_list_models, refresh_catalog, save_catalog

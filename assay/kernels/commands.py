@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from assay.core.cli import device_option, dtype_option, json_option
 from assay.core.errors import AssayError
 from assay.core.values import comma_list
 
@@ -27,7 +28,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(kernels_app, name="kernels")
 
     @kernels_app.command("list")
-    def list_kernels(json_out: bool = typer.Option(False, "--json", help="print JSON")):
+    def list_kernels(json_out: bool = json_option()):
         """Registered kernels: what each replaces, its implementations and shape constraints."""
         from assay.core.output import print_json, print_table
         from assay.kernels.registry import all_kernels
@@ -48,11 +49,11 @@ def register(app: typer.Typer) -> None:
     @kernels_app.command("check")
     def check(
         kernels: Optional[str] = typer.Option(None, "--kernels", help="comma-separated kernel names (default: all)"),
-        device: str = typer.Option("cpu", help="device to run the kernels on"),
+        device: str = device_option(help="device to run the kernels on"),
         impl: Optional[str] = typer.Option(
             None, help="force 'torch' or 'triton' (triton on cpu runs under TRITON_INTERPRET=1: slow, small shapes)"
         ),
-        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        json_out: bool = json_option(),
     ):
         """Every kernel vs its reference, forward and backward, float32 and bfloat16, vs float64; exit 1 on a failure."""
         if impl not in (None, "torch", "triton"):
@@ -79,12 +80,12 @@ def register(app: typer.Typer) -> None:
     @kernels_app.command("bench")
     def bench(
         kernels: Optional[str] = typer.Option(None, "--kernels", help="comma-separated kernel names (default: all)"),
-        device: str = typer.Option("cpu", help="device to run on"),
-        dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+        device: str = device_option(help="device to run on"),
+        dtype: str = dtype_option(help="float32 or bfloat16"),
         repeats: int = typer.Option(7, help="timed runs per measurement (median reported)"),
         warmup: int = typer.Option(2, help="runs before timing, not counted"),
         out: str = typer.Option("bench/results/kernels.json", help="JSON file to write ('' for none)"),
-        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        json_out: bool = json_option(),
     ):
         """Each kernel vs its reference, forward and forward+backward: medians and speed-up ratios."""
         import torch

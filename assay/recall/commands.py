@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from assay.core.cli import device_option, json_option
 from assay.core.values import comma_list
 
 NEEDLE_COLUMNS = ["length", "depth", "accuracy", "correct", "trials", "status"]
@@ -46,10 +47,10 @@ def register(app: typer.Typer) -> None:
         keys: int = typer.Option(256, "--keys", help="key (and value) tokens in the MQAR vocabulary; chance is 1/keys"),
         eval_examples: int = typer.Option(64, "--eval-examples", help="scored sequences per pair count"),
         seed: int = typer.Option(0, "--seed"),
-        device: str = typer.Option("cpu", "--device"),
+        device: str = device_option(),
         threads: int = typer.Option(1, "--threads", help="torch threads while training (1: fastest for tiny models on a shared CPU)"),
         plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="PNG to draw (default OUT/recall.png)"),
-        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        json_out: bool = json_option(),
     ):
         """Train matched-size GLA and attention models on MQAR for a fixed budget; accuracy per (pairs, seq_len)."""
         from assay.core.output import print_json, print_table
@@ -80,10 +81,10 @@ def register(app: typer.Typer) -> None:
         depths: str = typer.Option("0,0.25,0.5,0.75,1", "--depths", help="needle depths, 0 (start) to 1 (end)"),
         trials: int = typer.Option(4, "--trials", help="prompts per cell"),
         fmt: str = typer.Option("auto", "--format", help="auto, text or tokens (tokens: checkpoints from `recall train`)"),
-        device: str = typer.Option("cpu", "--device"),
+        device: str = device_option(),
         seed: int = typer.Option(0, "--seed"),
         plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="heat-map PNG to draw"),
-        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        json_out: bool = json_option(),
     ):
         """Needle probe of any checkpoint, no training: accuracy over lengths x depths."""
         from assay.core.output import print_json, print_table
@@ -107,7 +108,7 @@ def register(app: typer.Typer) -> None:
     def report(
         folder: Path = typer.Argument(..., help="a `recall train` output folder (or its results.json)"),
         plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="PNG to draw: accuracy vs pairs"),
-        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        json_out: bool = json_option(),
     ):
         """The saved table of a `recall train` run, and its plot."""
         from assay.core.output import print_json, print_table

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from assay.core.cli import backend_option, device_option, json_option, quiet_libraries
 from assay.core.values import comma_list
 
 
@@ -32,8 +33,8 @@ def serve_bench_command(
     modes: str = typer.Option("buckets", "--modes", help="buckets, none (--no-buckets) and/or eager, comma-separated"),
     buckets: str = typer.Option("1,2,4,8,16,32,64", "--buckets", help="decode widths compiled at warm-up"),
     max_seqs: int = typer.Option(64, "--max-seqs", help="slots in the pool"),
-    device: str = typer.Option("cpu", "--device"),
-    backend: str = typer.Option("inductor", "--backend", help="torch.compile backend"),
+    device: str = device_option(),
+    backend: str = backend_option(),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="float32 or bfloat16 (the pool's storage)"),
     time_limit: float = typer.Option(300.0, "--time-limit", help="seconds per run; unfinished requests are then aborted"),
     seed: int = typer.Option(0, "--seed", help="arrival times and prompt offsets"),
@@ -42,16 +43,15 @@ def serve_bench_command(
     reuse_cache: bool = typer.Option(False, "--reuse-compile-cache", help="keep the inductor cache between runs (default: a fresh one per run)"),
     out: Optional[Path] = typer.Option(None, "--out", help="write the JSON result here"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG: compile share, throughput, latency"),
-    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    json_out: bool = json_option(),
 ):
     """Synthetic arrivals against the serving engine: compile share, tokens/s, TTFT/TPOT, state memory."""
-    from assay.cli import _quiet_libraries
     from assay.core.files import atomic_write_json
     from assay.core.output import print_json, print_table
     from assay.serve.bench import SUMMARY_COLUMNS, ServeBenchRequest, plot_serve_bench, run_serve_bench
     from assay.serve.scheduler import parse_buckets
 
-    _quiet_libraries()
+    quiet_libraries()
     request = ServeBenchRequest(
         model=model, arrivals=arrivals, rate=rate, burst_size=burst_size, burst_interval_s=burst_interval,
         concurrency=_int_list("--concurrency", concurrency), requests=requests,

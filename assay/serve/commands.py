@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from assay.core.cli import backend_option, device_option, quiet_libraries
 from assay.core.errors import AssayError
 
 
@@ -99,8 +100,8 @@ def serve(request: ServeRequest, announce=print) -> None:
 
 def serve_command(
     model: str = typer.Option(..., "--model", help="checkpoint folder (GLA or Qwen3; config.json, weights, tokenizer)"),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda, neuron, xpu, ..."),
-    backend: str = typer.Option("inductor", "--backend", help="torch.compile backend of the decode step"),
+    device: str = device_option(),
+    backend: str = backend_option(help="torch.compile backend of the decode step"),
     max_seqs: int = typer.Option(64, "--max-seqs", help="slots in the pool: sequences decoded together"),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="decode widths, e.g. 1,2,4,8 (default: powers of two up to --max-seqs)"),
     no_buckets: bool = typer.Option(False, "--no-buckets", help="decode at the exact running count (each new count compiles)"),
@@ -117,9 +118,7 @@ def serve_command(
     replicas: int = typer.Option(1, "--replicas", help="--executor ray: engine replicas, one device each"),
 ):
     """Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /health, /metrics)."""
-    from assay.cli import _quiet_libraries
-
-    _quiet_libraries()
+    quiet_libraries()
     request = ServeRequest(
         model=model, device=device, backend=backend, max_seqs=max_seqs, buckets=buckets, no_buckets=no_buckets, eager=eager,
         state_dtype=state_dtype, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,

@@ -48,13 +48,13 @@ class EngineReplica:
     """One engine behind the HTTP app, inside a Ray Serve replica (wrapped by build_application)."""
 
     def __init__(self, request: dict):
-        from assay.cli import _quiet_libraries
+        from assay.core.cli import quiet_libraries
         from assay.models.hf_checkpoint import checkpoint_dir
         from assay.serve.commands import ServeRequest, engine_config
         from assay.serve.engine import Engine
         from assay.serve.http import create_app
 
-        _quiet_libraries()
+        quiet_libraries()
         serve_request = ServeRequest(**request)
         # Ray hands the replica its device (CUDA_VISIBLE_DEVICES etc.), so "cuda" is this replica's own GPU.
         folder = checkpoint_dir(serve_request.model)

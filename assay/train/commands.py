@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from assay.core.cli import backend_option, device_option, dtype_option, json_option, quiet_libraries
 from assay.core.errors import AssayError
 from assay.core.values import comma_list
 
@@ -38,10 +39,10 @@ def train_command(
     data: Optional[str] = typer.Option(None, "--data", help="a .txt/.json/.jsonl/.parquet file or a datasets name (default: the embedded corpus)"),
     text_field: str = typer.Option("text", "--text-field", help="the text column/field of JSON, Parquet or datasets data"),
     data_split: str = typer.Option("train", "--data-split", help="split of a datasets name"),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda, neuron, xpu, ... (one per rank under torchrun)"),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
+    device: str = device_option(help="cpu, cuda, neuron, xpu, ... (one per rank under torchrun)"),
+    dtype: str = dtype_option(),
     compile_blocks: bool = typer.Option(False, "--compile", help="torch.compile each transformer block"),
-    backend: str = typer.Option("inductor", "--backend", help="torch.compile backend name"),
+    backend: str = backend_option(help="torch.compile backend name"),
     dp_shard: Optional[int] = typer.Option(None, "--dp-shard", help="FSDP2 degree (default: processes / --tp)"),
     tp: int = typer.Option(1, "--tp", help="tensor-parallel degree (native path)"),
     metrics: Optional[Path] = typer.Option(None, "--metrics", help="JSONL file, one object per step"),
@@ -53,15 +54,14 @@ def train_command(
     resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in --checkpoint-dir"),
     peak_flops: str = typer.Option("auto", "--peak-flops", help="MFU denominator per device: auto (table), measure, or FLOP/s"),
     timing_warmup: int = typer.Option(1, "--timing-warmup", help="first steps timed apart from the steady state (compile, warm-up)"),
-    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    json_out: bool = json_option(),
 ):
     """Train a checkpoint through one of the model paths (hf, native, native with kernels)."""
-    from assay.cli import _quiet_libraries
     from assay.train.data import DataSpec
     from assay.train.optimization import OptimConfig
     from assay.train.trainer import TrainingDiverged, TrainRequest, train
 
-    _quiet_libraries()
+    quiet_libraries()
     if warmup_steps is None:
         warmup_steps = max(1, steps // 10)
     request = TrainRequest(

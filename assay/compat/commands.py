@@ -1,0 +1,191 @@
+"""`assay probe|results|diff|sweep|merge`: the compatibility system's commands. Flags in, one call, a table
+(or --json) out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from assay.core.cli import backend_option, device_option, dtype_option, json_option, quiet_libraries
+from assay.core.errors import AssayError
+
+RESULT_COLUMNS = ["model", "status", "dtype", "load_s", "compile_s", "decode_tokens_per_s", "total_s", "peak_memory_mb", "graphs", "graph_breaks", "recompiles", "reason"]
+RESULT_HEADERS = {"decode_tokens_per_s": "tok/s", "peak_memory_mb": "peak MB", "graph_breaks": "breaks", "compile_s": "compile_s*"}
+RESULT_FOOTNOTE = "compile_s*: first compiled generate (compilation + one generation); tok/s: second, warm generate"
+
+
+def _display_rows(rows: list[dict]) -> list[dict]:
+    return [r | {"peak_memory_mb": (r["peak_memory_bytes"] or 0) / 2**20 if r.get("peak_memory_bytes") else None} for r in rows]
+
+
+def probe_command(
+    model: str = typer.Argument(..., help="Hub id (Qwen/Qwen3-0.6B) or checkpoint folder"),
+    device: str = device_option(),
+    backend: str = backend_option(),
+    dtype: str = dtype_option(),
+    new_tokens: int = typer.Option(32, "--new-tokens", help="tokens to generate"),
+    task: Optional[str] = typer.Option(None, help="override the task inferred from the checkpoint"),
+    skip: Optional[str] = typer.Option(None, help="record a deliberate SKIPPED row with this reason instead of running"),
+    devices: int = typer.Option(1, help="shard the model over this many devices (processes the probe starts itself)"),
+    judge: Optional[str] = typer.Option(None, help="a small causal LM that scores the sharded output's fluency"),
+    no_reference: bool = typer.Option(False, "--no-reference", help="sharded: skip the single-device reference (the judge decides)"),
+    parallelism: str = typer.Option("auto", help="sharded: auto (tensor where a TP plan exists, else expert), tensor or expert"),
+    out: Path = typer.Option(Path("results"), help="results folder (one Parquet file per stack)"),
+    timeout: Optional[float] = typer.Option(None, help="seconds; runs the probe in its own process and records TIMEOUT past it"),
+    memory_limit_gb: Optional[float] = typer.Option(None, "--memory-limit-gb", help="address-space limit for the probe's own process (OOM past it)"),
+    strict: bool = typer.Option(False, help="exit 1 unless the status is PASS or SKIPPED"),
+    json_out: bool = json_option(),
+):
+    """Load, generate with a static cache under torch.compile, compare with CPU eager, record the row."""
+    quiet_libraries()
+    from assay.compat.probe import ProbeRequest, probe_and_record
+    from assay.core.output import STATUS_STYLES, print_json, print_table
+
+    if timeout is not None and timeout <= 0:
+        raise AssayError("--timeout must be positive")
+    limit = int(memory_limit_gb * 2**30) if memory_limit_gb else None
+    request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism)
+    row = probe_and_record(request, out, timeout=timeout, memory_limit_bytes=limit)
+    if json_out:
+        print_json({k: v for k, v in row.items() if k not in ("run_py", "versions")})
+    else:
+        print_table(_display_rows([row]), RESULT_COLUMNS, title=f"probe on {row['stack_id']}", styles=STATUS_STYLES, headers=RESULT_HEADERS)
+        if row.get("error"):
+            typer.echo(row["error"].strip().splitlines()[-1], err=True)
+    if strict and row["status"] not in ("PASS", "SKIPPED"):
+        raise typer.Exit(1)
+
+
+def results_command(
+    folder: Path = typer.Argument(..., help="results folder"),
+    stack_filter: Optional[str] = typer.Option(None, "--stack", help="stack_id (or part of it)"),
+    status: Optional[str] = typer.Option(None, help="only this status"),
+    model: Optional[str] = typer.Option(None, help="part of the model name"),
+    json_out: bool = json_option(),
+):
+    """What was tested, on which stack, with what result."""
+    from assay.compat.dataset import query
+    from assay.compat.schema import STATUSES
+    from assay.core.output import STATUS_STYLES, print_json, print_table
+
+    if status and status.upper() not in STATUSES:
+        raise AssayError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
+    rows = query(folder, stack=stack_filter, status=status, model=model)
+    if json_out:
+        print_json([{k: v for k, v in r.items() if k not in ("run_py",)} for r in rows])
+        return
+    stacks = sorted({r["stack_id"] for r in rows})
+    for stack_id in stacks:
+        stack_rows = [r for r in rows if r["stack_id"] == stack_id]
+        passed = sum(r["status"] == "PASS" for r in stack_rows)
+        tested = sum(r["status"] != "SKIPPED" for r in stack_rows)
+        print_table(
+            _display_rows(stack_rows), RESULT_COLUMNS, styles=STATUS_STYLES, headers=RESULT_HEADERS,
+            title=f"{stack_id}: {passed}/{tested} PASS  ({stack_rows[0]['stack_label']})",
+        )
+    if rows:
+        typer.echo(RESULT_FOOTNOTE)
+    if not rows:
+        typer.echo("no results recorded" + (" matching the filters" if (stack_filter or status or model) else ""))
+
+
+def diff_command(
+    folder: Path = typer.Argument(..., help="results folder"),
+    base: str = typer.Option(..., help="the stack to compare from (stack_id or an unambiguous part)"),
+    new: str = typer.Option(..., help="the stack to compare to"),
+    json_out: bool = json_option(),
+):
+    """Per model, the status change between two stacks: regressions first; pass rate over models on both."""
+    from assay.compat.diff import diff_stacks
+    from assay.core.output import print_json, print_table
+
+    result = diff_stacks(folder, base, new)
+    if json_out:
+        print_json(result.as_dict())
+        return
+    rows = [c.__dict__ for c in result.changes]
+    print_table(rows, ["model", "dtype", "kind", "base_status", "new_status", "new_reason"], title=f"{result.base} -> {result.new}",
+                styles={"kind": {"regressed": "red", "failure_changed": "yellow", "fixed": "green"}})
+    fmt = lambda r: "-" if r is None else f"{100 * r:.0f}%"  # noqa: E731
+    counts = ", ".join(f"{k} {v}" for k, v in result.counts().items() if v)
+    typer.echo(f"pass rate over {result.models_on_both} models tested on both: {fmt(result.base_pass_rate)} -> {fmt(result.new_pass_rate)}; {counts}")
+
+
+def sweep_command(
+    models: Optional[list[str]] = typer.Argument(None, help="Hub ids or checkpoint folders"),
+    zoo: Optional[Path] = typer.Option(None, help="probe every checkpoint of a zoo folder"),
+    list_file: Optional[Path] = typer.Option(None, "--list", help="a file with one model per line (# comments)"),
+    out: Path = typer.Option(Path("results"), help="results folder"),
+    device: str = device_option(),
+    backend: str = backend_option(),
+    dtype: str = dtype_option(),
+    new_tokens: int = typer.Option(32, "--new-tokens"),
+    workers: int = typer.Option(1, help="probes side by side, each with its share of devices/cores"),
+    timeout: float = typer.Option(600.0, help="seconds per probe; past it the probe is killed and recorded TIMEOUT"),
+    memory_limit_gb: Optional[float] = typer.Option(None, "--memory-limit-gb", help="address-space limit per probe process"),
+    shard: Optional[str] = typer.Option(None, help="i/n: this machine's share of the model list"),
+    executor: str = typer.Option("local", help="local or ray"),
+    cache_dir: Optional[Path] = typer.Option(None, help="compile-cache folder for the probes (default: torch's)"),
+    max_devices: int = typer.Option(1, help="most devices one probe may take (a model goes on the fewest that hold it)"),
+    judge: Optional[str] = typer.Option(None, help="a small causal LM that scores sharded probes' fluency"),
+    no_reference: bool = typer.Option(False, "--no-reference", help="sharded probes: skip the single-device reference"),
+    devices: Optional[int] = typer.Option(None, help="force this many devices per probe"),
+    device_memory_gb: Optional[float] = typer.Option(None, "--device-memory-gb", help="per-device memory when the device cannot say"),
+    force: bool = typer.Option(False, help="probe again models already recorded for this stack"),
+    fresh_interpreter: bool = typer.Option(False, "--fresh-interpreter", help="start each probe as a new interpreter instead of forking a pre-imported one"),
+    strict: bool = typer.Option(False, help="exit 1 if any probe failed"),
+    json_out: bool = json_option(),
+):
+    """Probe many models, each in its own process: resumable, parallel, sharded across machines."""
+    quiet_libraries()
+    from assay.compat.models_list import collect_models, parse_shard, shard_models
+    from assay.compat.probe import ProbeRequest
+    from assay.compat.sweep import SweepRequest, is_failure, run_sweep
+    from assay.core.output import STATUS_STYLES, print_json, print_table
+
+    chosen = shard_models(collect_models(models or [], str(zoo) if zoo else None, str(list_file) if list_file else None), parse_shard(shard))
+    request = SweepRequest(
+        models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens, judge=judge, reference=not no_reference),
+        workers=workers, timeout=timeout, memory_limit_bytes=int(memory_limit_gb * 2**30) if memory_limit_gb else None,
+        force=force, executor=executor, cache_dir=cache_dir, max_devices=max_devices, devices=devices,
+        device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None, progress=not json_out,
+        fresh_interpreter=fresh_interpreter,
+    )
+    outcome = run_sweep(request)
+    if json_out:
+        print_json({"rows": [{k: v for k, v in r.items() if k not in ("run_py", "versions")} for r in outcome.rows],
+                    "skipped_existing": outcome.skipped_existing, "counts": outcome.counts(), "wall_s": outcome.wall_s})
+    else:
+        if outcome.rows:
+            print_table(_display_rows(sorted(outcome.rows, key=lambda r: r["model"])), RESULT_COLUMNS, styles=STATUS_STYLES,
+                        headers=RESULT_HEADERS, title=f"sweep: {len(outcome.rows)} probed in {outcome.wall_s:.0f} s")
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(outcome.counts().items())) or "nothing probed"
+        typer.echo(f"{counts}; {len(outcome.skipped_existing)} already recorded for this stack (--force redoes them)")
+    if strict and any(is_failure(r) for r in outcome.rows):
+        raise typer.Exit(1)
+
+
+def merge_command(
+    out: Path = typer.Argument(..., help="results folder to merge into"),
+    sources: list[Path] = typer.Argument(..., help="result folders to merge (e.g. one per machine)"),
+    json_out: bool = json_option(),
+):
+    """Merge result folders: rows of the same stack combined, one per model (the latest probe wins)."""
+    from assay.compat.dataset import merge_results
+    from assay.core.output import print_json, print_table
+
+    per_stack = merge_results(out, sources)
+    if json_out:
+        print_json(per_stack)
+    else:
+        print_table([{"stack_id": k, "rows": v} for k, v in sorted(per_stack.items())], ["stack_id", "rows"], title=f"merged into {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("probe")(probe_command)
+    app.command("results")(results_command)
+    app.command("diff")(diff_command)
+    app.command("sweep")(sweep_command)
+    app.command("merge")(merge_command)
