@@ -8,5 +8,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 BACKEND=${BACKEND:-inductor}
 assay zoo build zoo/
-assay sweep --zoo zoo/ --backend "$BACKEND" --out results/ --workers "${WORKERS:-1}" --timeout 900
+# The sweep's live progress is on stderr; of its stdout only the last line (the counts) is kept, so the
+# table is printed once, by `assay results` (every row of the stack, also those of an earlier run).
+assay sweep --zoo zoo/ --backend "$BACKEND" --out results/ --workers "${WORKERS:-1}" --timeout 900 | tail -n 1
 assay results results/

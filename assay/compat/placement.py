@@ -12,12 +12,13 @@ import math
 import threading
 from pathlib import Path
 
+from assay.core.dtypes import DTYPE_BYTES
 from assay.core.errors import AssayError
 
 # Weights take most of the memory; generation of 32 tokens adds activations, the static cache and
 # the compiler's workspace. 1.3x the weights has held for every zoo entry; a user can force --devices.
 MEMORY_MARGIN = 1.3
-BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
+BYTES_PER_ELEMENT = DTYPE_BYTES
 
 # The environment variable that limits a process to some devices, per device type.
 VISIBLE_DEVICES_ENV = {

@@ -23,11 +23,12 @@ from assay.compat.schema import IMAGE_TASKS, SCHEMA_VERSION, TEXT_TASKS, empty_r
 from assay.core import compiling
 from assay.core.compiling import CompileStats, counting_backend, watch
 from assay.core.device import PeakMemory, resolve_backend, resolve_device
+from assay.core.dtypes import DTYPE_NAMES
 from assay.core.errors import AssayError
 from assay.core.numerics import compare_tokens
 from assay.core.stack import collect_stack
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = DTYPE_NAMES
 # How allocators say "no memory" when they raise something other than MemoryError/OutOfMemoryError.
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
 ZOO_STAMP = "assay_zoo.json"

@@ -8,6 +8,9 @@ grouped_experts.py and attention.py hold those kernels (custom operators, namesp
 triton_*.py their CUDA implementations, check.py and bench.py `assay kernels check|bench`.
 """
 
-from assay.kernels.registry import KERNELS, Kernel, Replacement, apply_kernels, register_kernel
+from assay.core.lazy import lazy_exports
 
-__all__ = ["KERNELS", "Kernel", "Replacement", "apply_kernels", "register_kernel"]
+# Names load on first use: `assay --help` imports assay.kernels.commands without importing torch.
+_EXPORTS = {name: "assay.kernels.registry" for name in ("KERNELS", "Kernel", "Replacement", "apply_kernels", "register_kernel")}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

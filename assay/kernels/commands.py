@@ -10,13 +10,14 @@ from typing import Optional
 import typer
 
 from assay.core.cli import device_option, dtype_option, json_option
+from assay.core.dtypes import dtype_name, torch_dtype
 from assay.core.errors import AssayError
 from assay.core.values import comma_list
 
 CHECK_COLUMNS = ["kernel", "case", "dtype", "impl", "tensor", "max_abs", "rel", "reference_rel", "max_abs_vs_torch", "tol", "ok"]
 CHECK_HEADERS = {"max_abs": "max|d| f64", "rel": "rel f64", "reference_rel": "ref rel f64", "max_abs_vs_torch": "max|d| torch f32"}
 BENCH_COLUMNS = ["kernel", "case", "dtype", "mode", "impl", "kernel_ms", "reference_ms", "speedup", "kernel_best_ms", "reference_best_ms", "speedup_best"]
-DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "fp32": "float32"}
+DTYPES = ("float32", "bfloat16")  # aliases bf16, fp32 accepted
 
 
 def _names(kernels: Optional[str]) -> list[str] | None:
@@ -88,17 +89,15 @@ def register(app: typer.Typer) -> None:
         json_out: bool = json_option(),
     ):
         """Each kernel vs its reference, forward and forward+backward: medians and speed-up ratios."""
-        import torch
-
         from assay.core.output import print_json, print_table
         from assay.kernels.bench import bench_kernels
 
-        if dtype not in DTYPES:
+        if dtype_name(dtype, DTYPES) is None:
             raise AssayError(f"--dtype {dtype!r}: expected float32 or bfloat16")
         if repeats < 1 or warmup < 0:
             raise AssayError("--repeats must be >= 1 and --warmup >= 0")
         target = Path(out) if out.strip() else None
-        report = bench_kernels(_names(kernels), device=device, dtype=getattr(torch, DTYPES[dtype]), warmup=warmup, repeats=repeats, out=target)
+        report = bench_kernels(_names(kernels), device=device, dtype=torch_dtype(dtype), warmup=warmup, repeats=repeats, out=target)
         if json_out:
             print_json(report.as_dict())
             return

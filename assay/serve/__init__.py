@@ -7,25 +7,27 @@ compilation made visible, and `assay serve-bench`.
     while engine.has_unfinished(): events = engine.step()
 """
 
-from assay.serve.accounting import EngineStats, StepRecord
-from assay.serve.adapters import ADAPTERS, ModelAdapter, load_adapter
-from assay.serve.engine import Engine, EngineConfig, QueueFull, TokenEvent, run_to_completion
-from assay.serve.pool import SlotPool
-from assay.serve.scheduler import DEFAULT_BUCKETS, decode_width, parse_buckets
+from __future__ import annotations
 
-__all__ = [
-    "ADAPTERS",
-    "DEFAULT_BUCKETS",
-    "Engine",
-    "EngineConfig",
-    "EngineStats",
-    "ModelAdapter",
-    "QueueFull",
-    "SlotPool",
-    "StepRecord",
-    "TokenEvent",
-    "decode_width",
-    "load_adapter",
-    "parse_buckets",
-    "run_to_completion",
-]
+from assay.core.lazy import lazy_exports
+
+# Names load on first use: `assay --help` imports assay.serve.commands without importing torch.
+_EXPORTS = {
+    "EngineStats": "assay.serve.accounting",
+    "StepRecord": "assay.serve.accounting",
+    "ADAPTERS": "assay.serve.adapters",
+    "ModelAdapter": "assay.serve.adapters",
+    "load_adapter": "assay.serve.adapters",
+    "Engine": "assay.serve.engine",
+    "EngineConfig": "assay.serve.engine",
+    "QueueFull": "assay.serve.engine",
+    "TokenEvent": "assay.serve.engine",
+    "run_to_completion": "assay.serve.engine",
+    "SlotPool": "assay.serve.pool",
+    "DEFAULT_BUCKETS": "assay.serve.scheduler",
+    "decode_width": "assay.serve.scheduler",
+    "parse_buckets": "assay.serve.scheduler",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

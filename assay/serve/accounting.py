@@ -24,6 +24,7 @@ import statistics
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 
 from assay.core.metrics import percentile
 
@@ -61,6 +62,30 @@ class RequestTiming:
     last_token: float | None = None
     tokens: int = 0
     finish_reason: str | None = None
+
+    def tpot(self) -> float | None:
+        """(last token - first token) / (tokens - 1); None below two tokens."""
+        if self.first_token is None or self.last_token is None or self.tokens < 2:
+            return None
+        return (self.last_token - self.first_token) / (self.tokens - 1)
+
+
+@dataclass(frozen=True)
+class EngineTotals:
+    """The engine's running totals and its pool's occupancy: what a metrics scrape reads, copied in O(widths)
+    (never the per-step or per-request records)."""
+
+    output_tokens: int
+    decode_steps: int
+    warmup_compiles: int
+    warmup_s: float
+    compiles: int
+    compile_s: float
+    running: int
+    waiting: int
+    free_slots: int
+    slots: int
+    state_bytes_per_sequence: int
 
 
 @dataclass(frozen=True)
@@ -109,6 +134,10 @@ class EngineStats:
     steps: deque = field(default_factory=lambda: deque(maxlen=RECENT))
     live: dict[str, RequestTiming] = field(default_factory=dict)  # requests not finished yet
     done: deque = field(default_factory=lambda: deque(maxlen=RECENT))  # finished requests, newest last
+    # Called on the stepping thread as each latency becomes known (a server's histograms): TTFT at a
+    # request's first token, TPOT when it finishes with two tokens or more.
+    ttft_observers: list[Callable[[float], None]] = field(default_factory=list, repr=False)
+    tpot_observers: list[Callable[[float], None]] = field(default_factory=list, repr=False)
 
     # ---- recording (the engine calls these; add_step and request_* with its lock held) ----
     def add_step(self, record: StepRecord) -> None:
@@ -131,6 +160,8 @@ class EngineStats:
         timing = self.live[request_id]
         if timing.first_token is None:
             timing.first_token = at
+            for observe in self.ttft_observers:
+                observe(at - timing.added)
         timing.last_token = at
         timing.tokens += 1
         self.output_tokens += 1
@@ -141,6 +172,10 @@ class EngineStats:
         timing.finish_reason = reason
         self.finished[reason] += 1
         self.done.append(timing)
+        tpot = timing.tpot()
+        if tpot is not None:
+            for observe in self.tpot_observers:
+                observe(tpot)
 
     def snapshot(self) -> EngineStats:
         """A copy whose containers the stepping thread no longer appends to (timings copied too)."""
@@ -178,11 +213,7 @@ class EngineStats:
         return [t.first_token - t.added for t in self._timings() if t.first_token is not None]
 
     def tpots(self) -> list[float]:
-        return [
-            (t.last_token - t.first_token) / (t.tokens - 1)
-            for t in self.done
-            if t.first_token is not None and t.last_token is not None and t.tokens >= 2
-        ]
+        return [tpot for tpot in (t.tpot() for t in self.done) if tpot is not None]
 
     def as_dict(self) -> dict:
         compiled = self.compiled

@@ -24,20 +24,21 @@ from typing import Callable
 import torch
 from torch import nn
 
+from assay.core.dtypes import dtype_name, torch_dtype
 from assay.core.errors import AssayError
 from assay.models.memory import kv_cache_bytes_per_sequence
 
-STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "fp32": torch.float32}
+STATE_DTYPES = ("float32", "bfloat16")  # what a slot pool stores (aliases bf16, fp32 accepted)
 # The "transformer of the same size" is compared in bfloat16, the dtype such caches are served in.
 KV_REFERENCE_DTYPE = torch.bfloat16
 KV_REFERENCE_LENGTHS = (2048, 8192)
 
 
 def state_dtype(name: str) -> torch.dtype:
-    try:
-        return STATE_DTYPES[name]
-    except KeyError:
-        raise AssayError(f"state dtype {name!r}: expected float32 or bfloat16") from None
+    canonical = dtype_name(name, STATE_DTYPES)
+    if canonical is None:
+        raise AssayError(f"state dtype {name!r}: expected float32 or bfloat16")
+    return torch_dtype(canonical)
 
 
 @dataclass(frozen=True)

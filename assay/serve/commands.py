@@ -3,99 +3,12 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import typer
 
 from assay.core.cli import backend_option, device_option, quiet_libraries
 from assay.core.errors import AssayError
-
-
-@dataclass(frozen=True)
-class ServeRequest:
-    model: str
-    device: str = "cpu"
-    backend: str = "inductor"
-    max_seqs: int = 64
-    buckets: Optional[str] = None  # "1,2,4,8"; None: powers of two up to max_seqs
-    no_buckets: bool = False
-    eager: bool = False
-    state_dtype: str = "float32"
-    max_waiting: int = 256
-    max_prompt_tokens: int = 8192
-    max_new_tokens: int = 4096
-    max_len: Optional[int] = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: Optional[str] = None
-
-
-def default_buckets(max_seqs: int) -> tuple[int, ...]:
-    """1, 2, 4, ... up to the first power of two >= max_seqs: every running count has a bucket."""
-    widths = [1]
-    while widths[-1] < max_seqs:
-        widths.append(widths[-1] * 2)
-    return tuple(widths)
-
-
-def engine_config(request: ServeRequest):
-    from assay.serve.engine import EngineConfig
-    from assay.serve.scheduler import parse_buckets
-
-    if request.no_buckets and request.buckets is not None:
-        raise AssayError("--buckets and --no-buckets exclude each other")
-    if request.no_buckets:
-        buckets = None
-    elif request.buckets is not None:
-        buckets = parse_buckets(request.buckets)
-    else:
-        buckets = default_buckets(request.max_seqs)
-    config = EngineConfig(
-        max_seqs=request.max_seqs, buckets=buckets, eager=request.eager, device=request.device, backend=request.backend,
-        state_dtype=request.state_dtype, max_waiting=request.max_waiting, max_prompt_tokens=request.max_prompt_tokens,
-        max_new_tokens=request.max_new_tokens, max_len=request.max_len,
-    )
-    config.validate()
-    return config
-
-
-def _import_http():
-    try:
-        from assay.serve import http
-    except ImportError as exc:
-        raise AssayError(f"`assay serve` needs FastAPI and uvicorn ({exc.name} is missing): pip install 'assay[serve]'") from None
-    return http
-
-
-def serve(request: ServeRequest, announce=print) -> None:
-    """Load, warm up, listen, announce the URL, serve until SIGINT/SIGTERM, then stop the engine thread."""
-    http = _import_http()
-    if not 0 <= request.port <= 65535:
-        raise AssayError(f"--port must be in [0, 65535], got {request.port}")
-    config = engine_config(request)  # bad flags fail here, before the model loads
-    from assay.models.hf_checkpoint import checkpoint_dir
-    from assay.serve.engine import Engine
-
-    folder = checkpoint_dir(request.model)
-    engine = Engine.from_checkpoint(folder, config)
-    engine.warm_up()
-    model_name = request.served_model_name or Path(folder).name
-    app = http.create_app(engine, model_name)
-    sock = http.bind_socket(request.host, request.port)
-    server = http.uvicorn_server(app)
-    # The socket listens already: a client that connects before uvicorn's loop runs waits in the backlog.
-    stats = engine.stats()
-    announce(
-        f"serving {model_name} ({stats.model_type}, {config.mode}, {config.max_seqs} slots, "
-        f"{stats.warmup_compiles} widths compiled in {stats.warmup_s:.1f} s) at {http.server_url(sock)}"
-    )
-    try:
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
-    announce("stopped")
 
 
 def serve_command(
@@ -118,6 +31,8 @@ def serve_command(
     replicas: int = typer.Option(1, "--replicas", help="--executor ray: engine replicas, one device each"),
 ):
     """Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /health, /metrics)."""
+    from assay.serve.server import ServeRequest, serve
+
     quiet_libraries()
     request = ServeRequest(
         model=model, device=device, backend=backend, max_seqs=max_seqs, buckets=buckets, no_buckets=no_buckets, eager=eager,

@@ -24,6 +24,7 @@ import threading
 import types
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -31,7 +32,7 @@ from assay.core.compiling import CompileStats, compile_fn, watch
 from assay.core.device import resolve_backend, resolve_device, synchronize
 from assay.core.errors import AssayError
 from assay.core.numerics import max_abs_diff, rel_error
-from assay.serve.accounting import EagerCheck, EngineStats, MemoryFacts, StepRecord, now
+from assay.serve.accounting import EagerCheck, EngineStats, EngineTotals, MemoryFacts, StepRecord, now
 from assay.serve.adapters import KV_REFERENCE_DTYPE, KV_REFERENCE_LENGTHS, ModelAdapter, load_adapter, state_dtype
 from assay.serve.pool import SlotPool
 from assay.serve.scheduler import DEFAULT_BUCKETS, check_buckets, decode_width, warm_up_widths
@@ -427,6 +428,23 @@ class Engine:
         """A snapshot of the accounting so far, safe to read from another thread while step() runs."""
         with self._lock:
             return self._stats.snapshot()
+
+    def totals(self) -> EngineTotals:
+        """The running totals and the pool's occupancy, without stats()' copy of the recent records."""
+        with self._lock:
+            stats = self._stats
+            return EngineTotals(
+                output_tokens=stats.output_tokens, decode_steps=stats.decode_steps, warmup_compiles=stats.warmup_compiles,
+                warmup_s=stats.warmup_s, compiles=len(stats.compiled), compile_s=sum(r.compile_s for r in stats.compiled),
+                running=len(self._running), waiting=len(self._waiting), free_slots=self.pool.num_free,
+                slots=self.config.max_seqs, state_bytes_per_sequence=stats.memory.state_bytes_per_sequence,
+            )
+
+    def observe_latencies(self, ttft: Callable[[float], None], tpot: Callable[[float], None]) -> None:
+        """Call ttft(seconds) at each request's first token and tpot(seconds) as each finishes (on the stepping thread)."""
+        with self._lock:
+            self._stats.ttft_observers.append(ttft)
+            self._stats.tpot_observers.append(tpot)
 
     def generated_tokens(self, request_id: str) -> list[int] | None:
         """Tokens generated so far for a running request (None once it left the engine)."""

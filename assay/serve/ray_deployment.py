@@ -50,9 +50,9 @@ class EngineReplica:
     def __init__(self, request: dict):
         from assay.core.cli import quiet_libraries
         from assay.models.hf_checkpoint import checkpoint_dir
-        from assay.serve.commands import ServeRequest, engine_config
         from assay.serve.engine import Engine
-        from assay.serve.http import create_app
+        from assay.serve.routes import create_app
+        from assay.serve.server import ServeRequest, engine_config
 
         quiet_libraries()
         serve_request = ServeRequest(**request)
@@ -104,7 +104,7 @@ def serve_with_ray(request, replicas: int, announce=print) -> None:
     """Join RAY_ADDRESS (or start a local Ray instance), deploy, announce the URL, wait for SIGINT/SIGTERM,
     then shut Serve down (and the local instance, when this process started it)."""
     ray, serve = _import_serve()
-    from assay.serve.commands import engine_config
+    from assay.serve.server import engine_config
 
     engine_config(request)  # bad flags fail before Ray starts
     application = build_application(request, replicas)

@@ -9,7 +9,7 @@ Names load on first use: `assay --help` imports assay.train.commands without imp
 
 from __future__ import annotations
 
-import importlib
+from assay.core.lazy import lazy_exports
 
 _EXPORTS = {
     "DataSpec": "assay.train.data",
@@ -30,8 +30,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'assay.train' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

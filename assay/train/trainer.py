@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from assay.core.device import device_name, memory_in_use_bytes, resolve_device
+from assay.core.dtypes import DTYPE_NAMES, dtype_name, torch_dtype
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_text
 from assay.core.metrics import JsonlWriter, StepTimer, lookup_peak_flops, measure_peak_flops, mfu, read_jsonl, train_flops_per_token
@@ -31,7 +32,7 @@ from assay.train.model_paths import ModelChoice, TrainModel, apply_kernel_regist
 from assay.train.optimization import OptimConfig, build_optimizer, clip_grad_norm
 from assay.train.records import phase_mfu, phase_tokens_per_s, steady_records, warmup_records
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = DTYPE_NAMES
 
 # --check-init: loaded weights count as loaded when their first-step loss is at most this fraction of
 # the lower of (random-init loss, ln(vocab)). Untrained weights sit at or above ln(vocab); the guide's
@@ -130,10 +131,9 @@ class TrainResult:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise AssayError(f"unknown --dtype {name!r} (one of {', '.join(DTYPES)})") from None
+    if dtype_name(name, aliases=False) is None:
+        raise AssayError(f"unknown --dtype {name!r} (one of {', '.join(DTYPES)})")
+    return torch_dtype(name)
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

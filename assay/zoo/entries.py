@@ -231,7 +231,7 @@ def _gla_builder(init_std: float):
     def build(entry: ZooEntry, folder, seed: int) -> None:
         from assay.zoo.native import write_gla_checkpoint
 
-        write_gla_checkpoint(entry, folder, seed, init_std)
+        write_gla_checkpoint(entry.make_config(), folder, seed, init_std, entry.pretrain_steps)
 
     return build
 

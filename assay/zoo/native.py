@@ -11,27 +11,25 @@ from pathlib import Path
 
 import torch
 
-from assay.zoo.entries import ZooEntry
-
 # The zoo tokenizer's special tokens (assay.zoo.tokenizer.SPECIAL_TOKENS: bos, eos, pad first).
 TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
 
 
-def write_gla_checkpoint(entry: ZooEntry, folder: Path, seed: int, init_std: float) -> None:
+def write_gla_checkpoint(args, folder: Path, seed: int, init_std: float, pretrain_steps: int = 0) -> None:
+    """args: the entry's GLAArgs (the entry's builder passes them: this module never imports entries)."""
     from transformers import GenerationConfig
 
     from assay.models.gla import build_gla, export_hf
     from assay.zoo.pretrain import next_token_loss, pretrain_on_corpus
 
-    args = entry.make_config()
     model = build_gla(args, seed=seed, std=init_std)
-    if entry.pretrain_steps:
+    if pretrain_steps:
         # One thread: the chunked recurrence is hundreds of tiny ops per step, and on a shared 2-core
         # machine a second thread made each op wait on a descheduled peer (0.05 s a step became 0.5 s).
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            pretrain_on_corpus(model, steps=entry.pretrain_steps, seed=seed, lr=1e-2, loss_fn=next_token_loss)
+            pretrain_on_corpus(model, steps=pretrain_steps, seed=seed, lr=1e-2, loss_fn=next_token_loss)
         finally:
             torch.set_num_threads(threads)
     export_hf(model, args, folder, extra_config=TOKEN_IDS)

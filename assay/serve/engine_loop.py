@@ -1,0 +1,95 @@
+"""The engine thread: it alone calls engine.step(), in a loop, sleeping on an event while nothing is
+unfinished, and routes each TokenEvent to the listener of its request.
+
+The HTTP side hands requests over with submit / abort (engine.add_request and engine.abort are
+thread-safe) and gets tokens back through its listener, which it calls on this thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from assay.serve.engine import Engine, TokenEvent
+
+log = logging.getLogger("assay.serve")
+
+
+class EngineFailed(RuntimeError):
+    """engine.step() raised: a bug, not bad input. Every open request gets a 500; /health turns 503."""
+
+
+class EngineLoop:
+    """Steps the engine on one thread and routes each TokenEvent to the listener of its request."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._listeners: dict[str, Callable[[TokenEvent | EngineFailed], None]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.failure is None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="assay-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, request_id: str, listener: Callable, **request: Any) -> None:
+        """Register the listener, then add the request (AssayError / QueueFull propagate, nothing stays registered)."""
+        if not self.alive:
+            raise EngineFailed("the engine is not running")
+        with self._lock:
+            self._listeners[request_id] = listener
+        try:
+            self.engine.add_request(request_id, **request)
+        except BaseException:
+            self.forget(request_id)
+            raise
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        """Stop the request (its slot is freed at the next step) and drop its listener."""
+        self.forget(request_id)
+        self.engine.abort(request_id)
+        self._wake.set()
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._listeners.pop(request_id, None)
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping.is_set():
+            if not engine.has_unfinished():
+                # add_request / abort set the event; the timeout only bounds how late a stop is noticed.
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                events = engine.step()
+            except BaseException as exc:  # a bug in the engine: fail every open request loudly, stop stepping
+                log.exception("engine.step() failed; the server stops taking requests")
+                self.failure = exc
+                with self._lock:
+                    listeners, self._listeners = list(self._listeners.values()), {}
+                for listener in listeners:
+                    listener(EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
+                return
+            for event in events:
+                with self._lock:
+                    listener = self._listeners.pop(event.request_id, None) if event.finished else self._listeners.get(event.request_id)
+                if listener is not None:
+                    listener(event)
