@@ -34,11 +34,12 @@ from assay.core.output import print_table
 from assay.train import OptimConfig, TrainRequest
 from assay.train.records import phase_mfu, phase_tokens_per_s, steady_records
 from assay.train.trainer import Trainer
+from assay.zoo.tokenizer import TOKEN_IDS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG = dict(
     hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-    max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+    max_position_embeddings=2048, tie_word_embeddings=False, **TOKEN_IDS,
 )
 BATCH, SEQ_LEN = 4, 512
 # native at least as fast as hf

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from assay.compat.probe import ProbePlan, ProbeRequest
+from assay.core.process import die_with_parent, limit_address_space
 
 if TYPE_CHECKING:
     from assay.compat.zygote import Zygote
@@ -34,19 +35,8 @@ def _says_out_of_memory(stderr_tail: str) -> bool:
 
 def _child_setup(limit_bytes: int | None):
     def apply() -> None:
-        import ctypes
-        import resource
-
-        # Die with the parent: a sweep killed with SIGKILL must not leave probes running on.
-        # (PR_SET_PDEATHSIG = 1; Linux only, and harmless to skip elsewhere.)
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-        except OSError:
-            pass
-        if limit_bytes:
-            # Address-space limit: an allocation past it raises MemoryError in the child (recorded as
-            # OOM) instead of waking the kernel's OOM killer, which would take other work with it.
-            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+        die_with_parent()
+        limit_address_space(limit_bytes)
 
     return apply
 

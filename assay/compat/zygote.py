@@ -32,6 +32,7 @@ import threading
 import time
 
 from assay.core.errors import AssayError
+from assay.core.process import die_with_parent, limit_address_space
 
 # Modules every probe imports; the zygote imports them once. Model-specific modules (modeling_llama, ...)
 # stay per probe: Transformers loads them lazily and a sweep touches only some.
@@ -82,19 +83,10 @@ def _child(command: dict, zygote_pid: int) -> None:
     code = 1
     try:
         os.setsid()  # its own process group: a timeout kills the probe and whatever it started
-        import ctypes
-
-        try:  # die with the zygote (which dies with the sweep), as a subprocess probe dies with the sweep
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-        except OSError:
-            pass
+        die_with_parent()  # with the zygote (which dies with the sweep), as a subprocess probe dies with the sweep
         if os.getppid() != zygote_pid:  # the zygote died between fork and prctl
             os._exit(1)
-        if command.get("memory_limit"):
-            import resource
-
-            limit = int(command["memory_limit"])
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        limit_address_space(command.get("memory_limit"))
         devnull = os.open(os.devnull, os.O_RDWR)
         stderr = os.open(command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(devnull, 0)
@@ -136,12 +128,7 @@ def serve() -> int:
     def reply(message: dict) -> None:
         replies.write(json.dumps(message) + "\n")
 
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # die with the sweep
-    except OSError:
-        pass
+    die_with_parent()  # with the sweep
     _preload()
     ready_threads = _thread_count()
     reply({"ready": True, "threads": ready_threads})

@@ -23,11 +23,12 @@ import multiprocessing
 import os
 import pickle
 import queue
-import socket
 import sys
 import time
 import traceback
 from typing import Any, Callable
+
+from assay.core.net import free_port
 
 # After one rank fails, the others are usually blocked in a collective waiting for it: give them this
 # long to report on their own, then kill them.
@@ -36,13 +37,6 @@ FAILURE_GRACE_S = 5.0
 
 class RankError(RuntimeError):
     """One or more ranks raised; the message holds each failing rank's traceback."""
-
-
-def free_port() -> int:
-    """A TCP port free right now on localhost (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def init_from_env(backend: str = "gloo", timeout_s: float = 120.0) -> None:

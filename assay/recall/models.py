@@ -23,11 +23,10 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json, atomic_write_text
 from assay.recall.mqar import MQARSpec
+from assay.zoo.tokenizer import TOKEN_IDS
 
 ARCHS = ("gla", "qwen3")
 LAYOUT_FILE = "recall.json"
-# The zoo tokenizer's special token ids (bos, eos, pad), written to config.json for readers that look.
-TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
 MATCH_TOLERANCE = 0.10  # parameter counts of the two architectures may differ by at most this fraction
 
 

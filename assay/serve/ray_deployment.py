@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 from dataclasses import asdict, replace
 
 from assay.core.errors import AssayError
+from assay.core.net import free_port
 
 RESOURCE_NAME = {"cuda": "num_gpus"}  # other accelerators are custom resources named after the device type
 APP_NAME = "assay"
@@ -94,12 +94,6 @@ def build_application(request, replicas: int):
     return deployment.bind(asdict(replace(request, host="", port=0)))
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def serve_with_ray(request, replicas: int, announce=print) -> None:
     """Join RAY_ADDRESS (or start a local Ray instance), deploy, announce the URL, wait for SIGINT/SIGTERM,
     then shut Serve down (and the local instance, when this process started it)."""
@@ -109,7 +103,7 @@ def serve_with_ray(request, replicas: int, announce=print) -> None:
     engine_config(request)  # bad flags fail before Ray starts
     application = build_application(request, replicas)
     # Ray's proxy takes a fixed port; for --port 0 pick a free one now (the proxy binds it a moment later).
-    port = request.port or _free_port(request.host)
+    port = request.port or free_port(request.host)
     started_here = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)

@@ -17,6 +17,7 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json
 from assay.zoo.entries import IMAGE_TEXT, ZOO, ZooEntry
+from assay.zoo.tokenizer import TOKEN_IDS
 
 ZOO_FORMAT = 1
 CATALOG_FILE = "catalog.json"
@@ -47,7 +48,7 @@ def build_entry(entry: ZooEntry, target: Path) -> Path:
                 from assay.zoo.pretrain import pretrain_on_corpus
 
                 pretrain_on_corpus(model, steps=entry.pretrain_steps, seed=entry_seed(entry.name))
-            model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2, do_sample=False)
+            model.generation_config = GenerationConfig(**TOKEN_IDS, do_sample=False)
             model.save_pretrained(staging)
         write_tokenizer(staging)
         if entry.task == IMAGE_TEXT:

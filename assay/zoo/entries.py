@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from assay.zoo.tokenizer import VOCAB_SIZE
+from assay.zoo.tokenizer import TOKEN_IDS, VOCAB_SIZE
 
 # One set of tiny sizes for every architecture: small enough for a 2-core CPU, large enough to have
 # GQA (4 query heads over 2 key/value heads) and more than one layer.
@@ -55,9 +55,7 @@ def _common(**overrides) -> dict:
         num_key_value_heads=KV_HEADS,
         max_position_embeddings=MAX_POSITIONS,
         initializer_range=INIT_RANGE,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
+        **TOKEN_IDS,
     )
     kwargs.update(overrides)
     return kwargs
@@ -143,7 +141,7 @@ def _gpt2():
 
     return GPT2Config(
         vocab_size=VOCAB_SIZE, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=MAX_POSITIONS,
-        n_inner=FFN, initializer_range=INIT_RANGE, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+        n_inner=FFN, initializer_range=INIT_RANGE, **TOKEN_IDS,
     )
 
 
@@ -153,7 +151,7 @@ def _gpt_neox():
     return GPTNeoXConfig(
         vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
         intermediate_size=FFN, max_position_embeddings=MAX_POSITIONS, rotary_pct=0.25, use_parallel_residual=True,
-        initializer_range=INIT_RANGE, bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False,
+        initializer_range=INIT_RANGE, **TOKEN_IDS, tie_word_embeddings=False,
     )
 
 
@@ -163,7 +161,7 @@ def _opt():
     return OPTConfig(
         vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
         ffn_dim=FFN, max_position_embeddings=MAX_POSITIONS, word_embed_proj_dim=HIDDEN, init_std=INIT_RANGE,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2,
+        **TOKEN_IDS,
     )
 
 
@@ -217,7 +215,7 @@ def _gemma3_vision():
     return Gemma3Config(
         text_config=text, vision_config=vision, mm_tokens_per_image=4, boi_token_index=token_id("<start_of_image>"),
         eoi_token_index=token_id("<end_of_image>"), image_token_index=token_id("<image_soft_token>"),
-        initializer_range=INIT_RANGE, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+        initializer_range=INIT_RANGE, **TOKEN_IDS,
     )
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import torch
 
-# The zoo tokenizer's special tokens (assay.zoo.tokenizer.SPECIAL_TOKENS: bos, eos, pad first).
-TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+from assay.zoo.tokenizer import TOKEN_IDS
 
 
 def write_gla_checkpoint(args, folder: Path, seed: int, init_std: float, pretrain_steps: int = 0) -> None:

@@ -19,6 +19,9 @@ UNK = "<|unk|>"
 # (Gemma 3's markers: begin/end of image and the soft token each image patch-group becomes).
 IMAGE_TOKENS = ["<image>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"]
 SPECIAL_TOKENS = [BOS, EOS, PAD, UNK, *IMAGE_TOKENS]
+# Their ids (the trainer numbers special tokens first, in order): the one definition every zoo config,
+# generation config and native checkpoint writes.
+TOKEN_IDS = {"bos_token_id": SPECIAL_TOKENS.index(BOS), "eos_token_id": SPECIAL_TOKENS.index(EOS), "pad_token_id": SPECIAL_TOKENS.index(PAD)}
 
 
 @functools.lru_cache(maxsize=1)

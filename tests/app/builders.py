@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.request
@@ -12,6 +11,7 @@ from pathlib import Path
 from compat.test_dataset import make_row
 
 from assay.app.catalog import recorded_list_models, refresh_catalog, zoo_catalog
+from assay.core.net import free_port  # noqa: F401 (the app tests import it from here)
 
 DATA = Path(__file__).parent / "data"
 RECORDED = DATA / "list_models_text_generation.json"
@@ -71,12 +71,6 @@ def mixed_rows() -> list[dict]:
 
 def recorded_catalog():
     return refresh_catalog("text-generation", 5, list_models=recorded_list_models(RECORDED), existing=zoo_catalog())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until_served(url: str, process: subprocess.Popen, log: Path, timeout: float = 120) -> None:
