@@ -178,7 +178,7 @@ def main() -> None:
                 count = after[f"{name}_count"] - before[f"{name}_count"]
                 return (after[f"{name}_sum"] - before[f"{name}_sum"]) / count if count else None
 
-            # The server's summaries cover its whole life; their _sum/_count deltas give this run's means.
+            # The server's histograms cover its whole life; their _sum/_count deltas give this run's means.
             entry["server"] = {
                 "ttft_s_mean": mean_delta("assay_ttft_seconds"), "tpot_s_mean": mean_delta("assay_tpot_seconds"),
                 "compiles_while_serving": after['assay_compiles_total{phase="serving"}'] - before['assay_compiles_total{phase="serving"}'],

@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from assay.compat.dataset import query
 
 
+@pytest.mark.distributed  # a Ray cluster and its worker processes
 def test_ray_sweep_records_every_model_once(zoo_dir, tmp_path):
     # `ray start --head` is a real local cluster; the sweep joins it through RAY_ADDRESS.
     env = os.environ.copy() | {"RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}

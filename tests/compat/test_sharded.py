@@ -12,6 +12,7 @@ from assay.compat.probe import ProbeRequest, probe
 from assay.zoo.corpus import corpus_split
 
 
+@pytest.mark.distributed
 def test_tensor_parallel_probe_on_two_processes_matches_the_single_device_run(zoo_dir, tmp_path):
     row = probe(ProbeRequest(str(zoo_dir / "qwen3"), backend="aot_eager", new_tokens=8, devices=2))
     assert row["status"] == "PASS", (row["reason"], row["error"])
@@ -26,6 +27,7 @@ def test_tensor_parallel_probe_on_two_processes_matches_the_single_device_run(zo
     assert json.loads(result.stdout.strip().splitlines()[-1])["tokens"] == row["generated_tokens"]
 
 
+@pytest.mark.distributed
 def test_sweep_puts_a_model_on_the_fewest_devices_that_hold_it(zoo_dir, tmp_path, assay_cli):
     # The zoo's qwen3 holds about 1 MB of float32 weights: with 0.6 MB per device it needs two.
     args = [str(zoo_dir / "qwen3"), "--backend", "aot_eager", "--new-tokens", "6", "--device-memory-gb", "0.0006", "--out", str(tmp_path), "--json"]
@@ -68,12 +70,14 @@ def test_judge_tells_fluent_english_from_gibberish(judge):
     assert not verdict.fluent and "repeat" in verdict.reason
 
 
+@pytest.mark.distributed
 def test_sharded_probe_without_reference_is_decided_by_the_judge(zoo_dir, judge):
     row = probe(ProbeRequest(str(zoo_dir / "qwen3"), backend="aot_eager", new_tokens=12, devices=2, judge=judge, reference=False))
     # A random-weights model does not write English: the judge must say so.
     assert row["status"] == "FAIL_ACCURACY" and "judge" in row["reason"] and row["check"] == "judge"
 
 
+@pytest.mark.distributed
 def test_expert_parallel_moe_probe_matches_the_single_device_run(zoo_dir):
     # Every zoo MoE also has a TP plan, so expert parallelism is asked for by name here; "auto" picks it
     # for MoE models that have only an expert-parallel plan.

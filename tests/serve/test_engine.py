@@ -217,6 +217,7 @@ def test_memory_facts_state_is_constant_and_far_below_a_kv_cache(gla):
     assert memory.kv_bytes_per_sequence[8192] == 4 * memory.kv_bytes_per_sequence[2048]
 
 
+@pytest.mark.inductor
 def test_compiled_inductor_logits_match_eager_within_the_float32_tolerance(gla):
     # The one real inductor test: every compiled decode step is also run eagerly on the same inputs.
     engine = _engine(gla, max_seqs=2, buckets=(2,), backend="inductor", check_eager=True)

@@ -12,10 +12,11 @@ import sys
 import tempfile
 import threading
 
-
+import pytest
 from serve.test_http import PROMPT_IDS, post, reference_engine, stream
 
 
+@pytest.mark.distributed  # a Ray instance, its controller, proxy and two replica processes
 def test_two_ray_serve_replicas_share_the_requests(zoo_dir):
     expected = reference_engine(zoo_dir)
     # A short temp root: Ray's unix sockets live under it and their paths are limited to ~107 characters.
