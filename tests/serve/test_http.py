@@ -301,6 +301,21 @@ def test_metrics_are_prometheus_text_with_counters_gauges_and_histograms(server)
         assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))  # cumulative
 
 
+def test_a_scrape_reads_the_engine_totals_and_never_copies_its_records(zoo_dir):
+    # engine.stats() copies up to 100,000 step and request records; a scrape must stay O(1) in them.
+    handle, engine = start_server(zoo_dir)
+    snapshots = []
+    engine.stats = lambda real=engine.stats: snapshots.append(1) or real()  # counts, then does the real thing
+    try:
+        assert post(handle.url, {"prompt": PROMPT_IDS, "max_tokens": 3, "temperature": 0}).status_code == 200
+        scraped = metrics(handle.url)
+        assert snapshots == []
+        assert scraped[("assay_generated_tokens_total", ())] == engine.totals().output_tokens >= 3
+        assert scraped[("assay_ttft_seconds_count", ())] == 1 and scraped[("assay_tpot_seconds_count", ())] == 1
+    finally:
+        handle.stop()
+
+
 # ---------------------------------------------------------------- the bounded queue and disconnects
 
 
