@@ -19,6 +19,7 @@ from torch import nn
 
 from assay.core.errors import AssayError
 from assay.models.gla.args import (
+    HF_MODEL_TYPE,
     GLAArgs,
     apply_spec_overrides,
     fla_intermediate_size,
@@ -35,6 +36,8 @@ from assay.models.hf_checkpoint import (
     read_hf_config,
 )
 from assay.models.memory import linear_state_bytes_per_sequence
+from assay.models.registry import ArchSpec, FlopShape, register
+from assay.models.serving import FIXED_STATE
 
 # "tiny" has the zoo's sizes (hidden 64, 2 layers, 4 heads, SwiGLU 128, the zoo tokenizer's 1024 tokens).
 # "1.3B" is fla-hub/gla-1.3B-100B's config.json. "3B" is the fixed-state reference (3.028B parameters,
@@ -111,8 +114,66 @@ def export_hf(
     )
 
 
+# ---------------------------------------------------------------- the registry entry
+
+
+def _load(path_or_dir, spec_overrides=None, slice_experts: bool = False, device="cpu", dtype=torch.float32):
+    if slice_experts:
+        raise AssayError("--slice-experts applies to mixture-of-experts models; GLA has no experts (use --spec layers=N)")
+    return load_native_gla(path_or_dir, spec_overrides, device=device, dtype=dtype)
+
+
+def _flop_shape(args: GLAArgs) -> FlopShape:
+    # attention_width 0: the recurrence costs O(T) per sequence, not the O(T^2) the PaLM term counts;
+    # MFU counts the matmul weights (6N per token), the usual convention for linear attention.
+    return FlopShape(count_parameters(build_gla(args, device="meta")).active_matmul, args.n_layers, 0)
+
+
+def _check_tp(args: GLAArgs, tp: int) -> None:
+    from assay.models.gla.parallelize import check_tp_divisible
+
+    if tp > 1:
+        check_tp_divisible(args, tp)
+
+
+def _parallelize(model: GLA, mesh, tp: bool, dp_shard: bool) -> GLA:
+    from assay.models.gla.parallelize import parallelize_gla
+
+    return parallelize_gla(model, mesh, tp=tp, dp_shard=dp_shard)
+
+
+def _export(model, args: GLAArgs, out_dir, tokenizer_source_dir=None):
+    return export_hf(model, args, out_dir, tokenizer_source_dir=tokenizer_source_dir)
+
+
+def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> GLAArgs:
+    # chunk_size 64, the GLA default: any length runs (gla_chunk pads the last chunk).
+    return GLAArgs(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads, hidden_dim=hidden_dim, max_seq_len=max_seq_len)
+
+
+SPEC = register(ArchSpec(
+    name="gla",
+    label="GLA",
+    model_types=(HF_MODEL_TYPE,),
+    args_from_hf=GLAArgs.from_hf_config,
+    apply_spec=apply_spec_overrides,
+    model_cls=GLA,
+    init=lambda args, device="meta", dtype=torch.float32, seed=0: build_gla(args, device, dtype, seed),
+    load=_load,
+    export_hf=_export,
+    parallelize=_parallelize,
+    check_tp=_check_tp,
+    flop_shape=_flop_shape,
+    cache=FIXED_STATE,
+    kernel_targets={"gla_chunk": "layers.*.attention.gla"},
+    flavours=FLAVOURS,
+    args_for_size=args_for_size,
+))
+
+
 __all__ = [
     "FLAVOURS",
+    "SPEC",
     "GLA",
     "GLAArgs",
     "ParamCounts",

@@ -25,9 +25,11 @@ from assay.models.hf_checkpoint import (
     load_into_meta_model,
     read_hf_config,
 )
-from assay.models.qwen3.args import Qwen3Args, apply_spec_overrides, parse_spec_overrides
+from assay.models.qwen3.args import HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE, Qwen3Args, apply_spec_overrides, parse_spec_overrides
 from assay.models.qwen3.model import ParamCounts, Qwen3, count_parameters
 from assay.models.qwen3.state_dict_adapter import from_hf, to_hf
+from assay.models.registry import ArchSpec, FlopShape, register
+from assay.models.serving import KV_CACHE
 
 # Sizes of the published Qwen3 checkpoints (their config.json), plus two tiny ones for tests.
 # The tiny ones have the zoo's sizes (vocabulary of its tokenizer, 1024) so they train on the zoo corpus.
@@ -110,8 +112,62 @@ def export_hf(
     )
 
 
+# ---------------------------------------------------------------- the registry entry
+
+
+def _flop_shape(args: Qwen3Args) -> FlopShape:
+    counts = count_parameters(build_qwen3(args, device="meta"))
+    return FlopShape(counts.active_matmul, args.n_layers, args.n_heads * args.head_dim)
+
+
+def _check_tp(args: Qwen3Args, tp: int) -> None:
+    from assay.models.qwen3.parallelize import check_tp_divisible
+
+    if tp > 1:
+        check_tp_divisible(args, tp)
+
+
+def _parallelize(model: Qwen3, mesh, tp: bool, dp_shard: bool) -> Qwen3:
+    from assay.models.qwen3.parallelize import parallelize_qwen3
+
+    return parallelize_qwen3(model, mesh, tp=tp, dp_shard=dp_shard)
+
+
+def _export(model, args: Qwen3Args, out_dir, tokenizer_source_dir=None):
+    return export_hf(model, args, out_dir, tokenizer_source_dir=tokenizer_source_dir)
+
+
+def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> Qwen3Args:
+    """Multi-head (as many key/value heads as query heads) at dim / n_heads per head."""
+    if dim % n_heads:
+        raise AssayError(f"dim {dim} is not a multiple of {n_heads} heads")
+    return Qwen3Args(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
+                     head_dim=dim // n_heads, hidden_dim=hidden_dim, max_seq_len=max_seq_len)
+
+
+SPEC = register(ArchSpec(
+    name="qwen3",
+    label="attention (Qwen3)",
+    model_types=(HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE),
+    args_from_hf=Qwen3Args.from_hf_config,
+    apply_spec=apply_spec_overrides,
+    model_cls=Qwen3,
+    init=build_qwen3,
+    load=load_native_qwen3,
+    export_hf=_export,
+    parallelize=_parallelize,
+    check_tp=_check_tp,
+    flop_shape=_flop_shape,
+    cache=KV_CACHE,
+    kernel_targets={"rope": "layers.*.attention.rope", "attention": "layers.*.attention.sdpa", "grouped_experts": "layers.*.moe.experts"},
+    flavours=FLAVOURS,
+    args_for_size=args_for_size,
+))
+
+
 __all__ = [
     "FLAVOURS",
+    "SPEC",
     "ParamCounts",
     "Qwen3",
     "Qwen3Args",
