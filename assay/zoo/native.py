@@ -17,14 +17,18 @@ from assay.zoo.entries import ZooEntry
 TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
 
 
-def write_gla_checkpoint(entry: ZooEntry, folder: Path, seed: int, init_std: float) -> None:
+def write_native_checkpoint(arch: str, entry: ZooEntry, folder: Path, seed: int, init_std: float) -> None:
+    """The registered architecture `arch` at the entry's args, initialised normal(0, init_std), optionally
+    pretrained on the corpus, exported by its registry entry."""
     from transformers import GenerationConfig
 
-    from assay.models.gla import build_gla, export_hf
+    from assay.models import registry
     from assay.zoo.pretrain import next_token_loss, pretrain_on_corpus
 
+    spec = registry.get(arch)
     args = entry.make_config()
-    model = build_gla(args, seed=seed, std=init_std)
+    model = spec.build(args, "cpu", torch.float32, seed=None)
+    model.init_weights(std=init_std, generator=torch.Generator().manual_seed(seed))
     if entry.pretrain_steps:
         # One thread: the chunked recurrence is hundreds of tiny ops per step, and on a shared 2-core
         # machine a second thread made each op wait on a descheduled peer (0.05 s a step became 0.5 s).
@@ -34,5 +38,5 @@ def write_gla_checkpoint(entry: ZooEntry, folder: Path, seed: int, init_std: flo
             pretrain_on_corpus(model, steps=entry.pretrain_steps, seed=seed, lr=1e-2, loss_fn=next_token_loss)
         finally:
             torch.set_num_threads(threads)
-    export_hf(model, args, folder, extra_config=TOKEN_IDS)
+    spec.export_hf(model, args, folder, None, extra_config=TOKEN_IDS)
     GenerationConfig(**TOKEN_IDS, do_sample=False).save_pretrained(folder)

@@ -142,10 +142,6 @@ def _parallelize(model: GLA, mesh, tp: bool, dp_shard: bool) -> GLA:
     return parallelize_gla(model, mesh, tp=tp, dp_shard=dp_shard)
 
 
-def _export(model, args: GLAArgs, out_dir, tokenizer_source_dir=None):
-    return export_hf(model, args, out_dir, tokenizer_source_dir=tokenizer_source_dir)
-
-
 def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> GLAArgs:
     # chunk_size 64, the GLA default: any length runs (gla_chunk pads the last chunk).
     return GLAArgs(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads, hidden_dim=hidden_dim, max_seq_len=max_seq_len)
@@ -160,7 +156,7 @@ SPEC = register(ArchSpec(
     model_cls=GLA,
     init=lambda args, device="meta", dtype=torch.float32, seed=0: build_gla(args, device, dtype, seed),
     load=_load,
-    export_hf=_export,
+    export_hf=export_hf,
     parallelize=_parallelize,
     check_tp=_check_tp,
     flop_shape=_flop_shape,

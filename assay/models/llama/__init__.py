@@ -95,6 +95,7 @@ def export_hf(
     out_dir: str | os.PathLike,
     tokenizer_source_dir: str | os.PathLike | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    extra_config: Mapping[str, Any] | None = None,
 ) -> list[os.PathLike]:
     """Write a Transformers checkpoint (safetensors, config.json, and from the source checkpoint its
     tokenizer files and generation_config.json) that AutoModelForCausalLM.from_pretrained reloads.
@@ -102,7 +103,7 @@ def export_hf(
     `model` is a native Llama or its full (gathered, plain-tensor) state dict.
     """
     state_dict = model.state_dict() if isinstance(model, nn.Module) else model
-    return export_native_checkpoint(out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes)
+    return export_native_checkpoint(out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes, extra_config=extra_config)
 
 
 # ---------------------------------------------------------------- the registry entry
@@ -125,10 +126,6 @@ def _parallelize(model: Llama, mesh, tp: bool, dp_shard: bool) -> Llama:
     return parallelize_llama(model, mesh, tp=tp, dp_shard=dp_shard)
 
 
-def _export(model, args: LlamaArgs, out_dir, tokenizer_source_dir=None):
-    return export_hf(model, args, out_dir, tokenizer_source_dir=tokenizer_source_dir)
-
-
 def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> LlamaArgs:
     """Multi-head (as many key/value heads as query heads) at dim / n_heads per head, untied."""
     if dim % n_heads:
@@ -146,7 +143,7 @@ SPEC = register(ArchSpec(
     model_cls=Llama,
     init=build_llama,
     load=load_native_llama,
-    export_hf=_export,
+    export_hf=export_hf,
     parallelize=_parallelize,
     check_tp=_check_tp,
     flop_shape=_flop_shape,
