@@ -76,6 +76,11 @@ def state_bytes(arch: str, args, seq_len: int) -> int:
     return _spec(arch).state_bytes_per_sequence(args, seq_len, torch.float32)
 
 
+def arch_label(arch: str) -> str:
+    """How plots and tables name the architecture: "GLA", "attention (Qwen3)"."""
+    return _spec(arch).label
+
+
 def state_kind(arch: str) -> str:
     return _spec(arch).cache.kind
 

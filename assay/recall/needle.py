@@ -77,6 +77,11 @@ class NeedleModel:
         self.device = device
         config = read_hf_config(self.folder)
         spec = registry.find(config.get("model_type"))
+        if spec is not None:
+            try:
+                spec.args_from_hf(config)
+            except AssayError:  # a variant the native model does not run (a binding sliding window): Transformers does
+                spec = None
         self.adapter = None
         if spec is not None:  # a registered architecture: assay's own model, answered through its slot adapter
             model, args = spec.load(self.folder, None, False, device, torch.float32)

@@ -8,9 +8,12 @@ model with ("recurrence", float32) <= 1e-4 (the chunked and the step form of the
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +129,30 @@ def test_export_and_reload(tiny, tmp_path):
         # Transformers reloads it too (GLA through assay's registration with its Auto classes).
         hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
         assert_close("model_logits", hf(input_ids=tokens).logits.double(), expected, torch.float32)
+
+
+# ---------------------------------------------------------------- the layering the registry stands for
+
+ASSAY = Path(__file__).resolve().parents[2] / "assay"
+ARCH_LITERAL = r"[\"'](gla|qwen3|qwen3_moe|llama|mistral)[\"']"
+
+
+def test_no_architecture_conditionals_outside_assay_models():
+    pattern = re.compile(rf"(==|!=)\s*{ARCH_LITERAL}|{ARCH_LITERAL}\s*(==|!=)")
+    offenders = [
+        f"{path.relative_to(ASSAY.parent)}:{number}: {line.strip()}"
+        for path in ASSAY.rglob("*.py") if "models" not in path.relative_to(ASSAY).parts[:1]
+        for number, line in enumerate(path.read_text().splitlines(), start=1) if pattern.search(line)
+    ]
+    assert not offenders, "ask the registry (assay.models.registry), not the name:\n" + "\n".join(offenders)
+
+
+def test_kernels_depend_on_the_shared_layers_not_on_a_model():
+    imported = {
+        f"{path.name}: {node.module}"
+        for path in (ASSAY / "kernels").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("assay.models")
+        and node.module != "assay.models.layers"
+    }
+    assert not imported, imported
