@@ -276,6 +276,70 @@ class GLAOperator(nn.Module):
         return f"chunk_size={self.chunk_size}"
 
 
+# ---------------------------------------------------------------- model roots
+
+
+class NativeDecoder(nn.Module):
+    """What every native causal LM root shares: tok_embeddings ... output, the tie, the initialisation."""
+
+    args: object
+    tok_embeddings: nn.Embedding
+    output: nn.Linear
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the output head (again after load_state_dict(assign=True) or to_empty)."""
+        if self.args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """Transformers' (and fla's) random initialisation: normal(0, std) matrices, zero biases, unit norms."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, std, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, GroupedExperts):
+                for weight in (module.w1, module.w2, module.w3):
+                    weight.normal_(0.0, std, generator=generator)
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+        self.reset_rope_cache()
+
+    def reset_rope_cache(self) -> None:
+        """Derived buffers to recompute on the weights' device; none by default."""
+
+
+class RotaryDecoder(KVCacheDecoder, NativeDecoder):
+    """A decoder of blocks `block(h, cos, sin)` with one rotary table on the root (args: head_dim,
+    max_seq_len, rope_theta, and rope_scaling when it scales), and static-KV-cache decoding."""
+
+    def init_rope_cache(self) -> None:
+        # Non-persistent: derived from the spec, never in a checkpoint. float32 here; cast at use.
+        cos, sin = self._rope_table(None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def _rope_table(self, device):
+        args = self.args
+        return rotary_cos_sin(args.head_dim, args.max_seq_len, args.rope_theta, device=device, scaling=getattr(args, "rope_scaling", None))
+
+    def reset_rope_cache(self) -> None:
+        """Recompute cos/sin on the embedding's device (a model built on the meta device has none)."""
+        self.rope_cos, self.rope_sin = self._rope_table(self.tok_embeddings.weight.device)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # tokens: [B, T] -> logits: [B, T, vocab]
+        seq_len = tokens.shape[1]
+        if seq_len > self.rope_cos.shape[0]:
+            raise AssayError(f"a sequence of {seq_len} tokens exceeds the model's max_seq_len={self.rope_cos.shape[0]}")
+        cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
+        h = self.tok_embeddings(tokens)
+        for block in self.layers:
+            h = block(h, cos, sin)
+        return self.output(self.norm(h))
+
+
 # ---------------------------------------------------------------- counting
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from assay.models.gla.args import GLAArgs
-from assay.models.layers import MLP, GLAOperator, ParamCounts, RMSNorm
+from assay.models.layers import MLP, GLAOperator, NativeDecoder, ParamCounts, RMSNorm
 from assay.models.layers import count_parameters as count_layer_parameters
 
 __all__ = ["GLA", "Block", "GLAOperator", "GatedLinearAttention", "ParamCounts", "State", "count_parameters"]
@@ -107,7 +107,7 @@ class Block(nn.Module):
         return h + self.mlp(self.ffn_norm(h)), new_state
 
 
-class GLA(nn.Module):
+class GLA(NativeDecoder):
     def __init__(self, args: GLAArgs):
         super().__init__()
         self.args = args
@@ -116,22 +116,6 @@ class GLA(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
-
-    def tie_weights(self) -> None:
-        """Share the embedding with the output head (again after load_state_dict(assign=True) or to_empty)."""
-        if self.args.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
-
-    @torch.no_grad()
-    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
-        """fla's initialisation: normal(0, std) matrices and embedding, zero biases, unit norms."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(0.0, std, generator=generator)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
-            elif isinstance(module, RMSNorm):
-                module.weight.fill_(1.0)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # tokens: [B, T] -> logits: [B, T, vocab]

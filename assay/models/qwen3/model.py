@@ -30,13 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from assay.core.errors import AssayError
 from assay.models.layers import (
     MLP,
     CausalAttention,
     GroupedExperts,
     KVCache,
-    KVCacheDecoder,
+    RotaryDecoder,
     ParamCounts,
     RMSNorm,
     RotaryEmbedding,
@@ -162,7 +161,7 @@ class Block(nn.Module):
         return h + feed_forward(self.ffn_norm(h))
 
 
-class Qwen3(KVCacheDecoder, nn.Module):
+class Qwen3(RotaryDecoder):
     def __init__(self, args: Qwen3Args):
         super().__init__()
         self.args = args
@@ -171,45 +170,7 @@ class Qwen3(KVCacheDecoder, nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
-        # Non-persistent: derived from the spec, never in a checkpoint. float32 here; cast at use.
-        cos, sin = rotary_cos_sin(args.head_dim, args.max_seq_len, args.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-
-    def tie_weights(self) -> None:
-        """Share the embedding with the output head (again after load_state_dict(assign=True) or to_empty)."""
-        if self.args.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
-
-    def reset_rope_cache(self) -> None:
-        """Recompute cos/sin on the embedding's device (a model built on the meta device has none)."""
-        device = self.tok_embeddings.weight.device
-        cos, sin = rotary_cos_sin(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=device)
-        self.rope_cos, self.rope_sin = cos, sin
-
-    @torch.no_grad()
-    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
-        """Random initialisation as Transformers does it: normal(0, std) matrices, unit norms."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(0.0, std, generator=generator)
-            elif isinstance(module, GroupedExperts):
-                for weight in (module.w1, module.w2, module.w3):
-                    weight.normal_(0.0, std, generator=generator)
-            elif isinstance(module, RMSNorm):
-                module.weight.fill_(1.0)
-        self.reset_rope_cache()
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        # tokens: [B, T] -> logits: [B, T, vocab]
-        seq_len = tokens.shape[1]
-        if seq_len > self.rope_cos.shape[0]:
-            raise AssayError(f"a sequence of {seq_len} tokens exceeds the model's max_seq_len={self.rope_cos.shape[0]}")
-        cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
-        h = self.tok_embeddings(tokens)
-        for block in self.layers:
-            h = block(h, cos, sin)
-        return self.output(self.norm(h))
+        self.init_rope_cache()
 
 
 def count_parameters(model: Qwen3) -> ParamCounts:
