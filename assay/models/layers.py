@@ -286,6 +286,16 @@ class NativeDecoder(nn.Module):
     tok_embeddings: nn.Embedding
     output: nn.Linear
 
+    @classmethod
+    def build(cls, args, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0, std: float = 0.02):
+        """A randomly initialised model (on "meta": shapes only, for counting or parallelize-then-materialise)."""
+        with torch.device(device):
+            model = cls(args)
+        if torch.device(device).type != "meta":
+            generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+            model.init_weights(std=std, generator=generator)
+        return model.to(dtype=dtype)
+
     def tie_weights(self) -> None:
         """Share the embedding with the output head (again after load_state_dict(assign=True) or to_empty)."""
         if self.args.tie_embeddings:

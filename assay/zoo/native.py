@@ -27,8 +27,7 @@ def write_native_checkpoint(arch: str, entry: ZooEntry, folder: Path, seed: int,
 
     spec = registry.get(arch)
     args = entry.make_config()
-    model = spec.build(args, "cpu", torch.float32, seed=None)
-    model.init_weights(std=init_std, generator=torch.Generator().manual_seed(seed))
+    model = spec.model_cls.build(args, "cpu", torch.float32, seed=seed, std=init_std)
     if entry.pretrain_steps:
         # One thread: the chunked recurrence is hundreds of tiny ops per step, and on a shared 2-core
         # machine a second thread made each op wait on a descheduled peer (0.05 s a step became 0.5 s).

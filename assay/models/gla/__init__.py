@@ -73,12 +73,7 @@ def state_bytes_per_sequence(args: GLAArgs, dtype: torch.dtype = torch.float32) 
 
 def build_gla(args: GLAArgs, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0, std: float = 0.02) -> GLA:
     """A randomly initialised model (on "meta": shapes only, for counting or parallelize-then-materialise)."""
-    with torch.device(device):
-        model = GLA(args)
-    if torch.device(device).type != "meta":
-        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-        model.init_weights(std=std, generator=generator)
-    return model.to(dtype=dtype)
+    return GLA.build(args, device, dtype, seed, std)
 
 
 def load_native_gla(

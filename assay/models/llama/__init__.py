@@ -61,12 +61,7 @@ def flavour(name: str) -> LlamaArgs:
 
 def build_llama(args: LlamaArgs, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> Llama:
     """A randomly initialised model (on "meta": shapes only, for counting or for parallelize-then-materialise)."""
-    with torch.device(device):
-        model = Llama(args)
-    if torch.device(device).type != "meta":
-        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-        model.init_weights(generator=generator)
-    return model.to(dtype=dtype)
+    return Llama.build(args, device, dtype, seed)
 
 
 def load_native_llama(

@@ -66,12 +66,7 @@ def flavour(name: str) -> Qwen3Args:
 
 def build_qwen3(args: Qwen3Args, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> Qwen3:
     """A randomly initialised model (on "meta": shapes only, for counting or for parallelize-then-materialise)."""
-    with torch.device(device):
-        model = Qwen3(args)
-    if torch.device(device).type != "meta":
-        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-        model.init_weights(generator=generator)
-    return model.to(dtype=dtype)
+    return Qwen3.build(args, device, dtype, seed)
 
 
 def load_native_qwen3(
