@@ -63,12 +63,10 @@ class ArchSpec:
     load: Callable[..., tuple[nn.Module, Any]]
     # (model or full plain state dict, args, out_dir, tokenizer_source_dir) -> files written
     export_hf: Callable[..., list]
-    # (model, mesh, tp, dp_shard) -> model, in place: TP plan then FSDP2
-    parallelize: Callable[..., nn.Module]
-    # (args, tp degree) -> AssayError when the sizes do not split tp ways (before any process group exists)
-    check_tp: Callable[[Any, int], None]
-    # args -> FlopShape (counted on the meta device, so a sharded model is counted whole)
-    flop_shape: Callable[[Any], FlopShape]
+    # "module:function" of parallelize(model, mesh, tp=, dp_shard=) (TP plan, then FSDP2) and of
+    # check_tp_divisible(args, tp); imported on use: torch.distributed only for a run that shards
+    parallelize_fn: str
+    check_tp_fn: str
     # serving: the cache kind, its slot adapter and its bytes per sequence
     cache: CacheSpec
     # kernel name -> module-name pattern of the modules it replaces in this architecture
@@ -83,6 +81,25 @@ class ArchSpec:
     def build(self, args: Any, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> nn.Module:
         """The model for args: shapes only on "meta", randomly initialised elsewhere."""
         return self.init(args, device, dtype, seed)
+
+    def parallelize(self, model: nn.Module, mesh, tp: bool, dp_shard: bool) -> nn.Module:
+        """TP over mesh["tp"] (if tp), then FSDP2 over mesh["dp_shard"] (if dp_shard); in place."""
+        return _resolve(self.parallelize_fn)(model, mesh, tp=tp, dp_shard=dp_shard)
+
+    def check_tp(self, args: Any, tp: int) -> None:
+        """AssayError when the sizes do not split tp ways (before any process group exists)."""
+        if tp > 1:
+            _resolve(self.check_tp_fn)(args, tp)
+
+    def flop_shape(self, args: Any) -> FlopShape:
+        """Counted on the meta device, so a sharded (or huge) model is counted whole. The attention term
+        (PaLM's) counts for a model that attends over a KV cache; a fixed-state recurrence costs O(T) and
+        counts its matmul weights only (6N per token, the usual convention for linear attention)."""
+        from assay.models.layers import count_parameters
+
+        counts = count_parameters(self.build(args, "meta"), top_k=getattr(args, "top_k", 0))
+        attention_width = args.n_heads * args.head_dim if self.cache.grows else 0
+        return FlopShape(counts.active_matmul, args.n_layers, attention_width)
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         """The repeated blocks (compiled one by one, FSDP units)."""
@@ -105,6 +122,11 @@ class ArchSpec:
     def adapter_for(self, model: nn.Module, args: Any) -> ModelAdapter:
         """The slot adapter over an already loaded model."""
         return self.cache.adapter(model, args, self.name)
+
+
+def _resolve(path: str) -> Callable:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 _BY_NAME: dict[str, ArchSpec] = {}

@@ -36,7 +36,7 @@ from assay.models.hf_checkpoint import (
     read_hf_config,
 )
 from assay.models.memory import linear_state_bytes_per_sequence
-from assay.models.registry import ArchSpec, FlopShape, register
+from assay.models.registry import ArchSpec, register
 from assay.models.serving import FIXED_STATE
 
 # "tiny" has the zoo's sizes (hidden 64, 2 layers, 4 heads, SwiGLU 128, the zoo tokenizer's 1024 tokens).
@@ -118,25 +118,6 @@ def _load(path_or_dir, spec_overrides=None, slice_experts: bool = False, device=
     return load_native_gla(path_or_dir, spec_overrides, device=device, dtype=dtype)
 
 
-def _flop_shape(args: GLAArgs) -> FlopShape:
-    # attention_width 0: the recurrence costs O(T) per sequence, not the O(T^2) the PaLM term counts;
-    # MFU counts the matmul weights (6N per token), the usual convention for linear attention.
-    return FlopShape(count_parameters(build_gla(args, device="meta")).active_matmul, args.n_layers, 0)
-
-
-def _check_tp(args: GLAArgs, tp: int) -> None:
-    from assay.models.gla.parallelize import check_tp_divisible
-
-    if tp > 1:
-        check_tp_divisible(args, tp)
-
-
-def _parallelize(model: GLA, mesh, tp: bool, dp_shard: bool) -> GLA:
-    from assay.models.gla.parallelize import parallelize_gla
-
-    return parallelize_gla(model, mesh, tp=tp, dp_shard=dp_shard)
-
-
 def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> GLAArgs:
     # chunk_size 64, the GLA default: any length runs (gla_chunk pads the last chunk).
     return GLAArgs(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads, hidden_dim=hidden_dim, max_seq_len=max_seq_len)
@@ -152,9 +133,8 @@ SPEC = register(ArchSpec(
     init=lambda args, device="meta", dtype=torch.float32, seed=0: build_gla(args, device, dtype, seed),
     load=_load,
     export_hf=export_hf,
-    parallelize=_parallelize,
-    check_tp=_check_tp,
-    flop_shape=_flop_shape,
+    parallelize_fn="assay.models.gla.parallelize:parallelize_gla",
+    check_tp_fn="assay.models.gla.parallelize:check_tp_divisible",
     cache=FIXED_STATE,
     kernel_targets={"gla_chunk": "layers.*.attention.gla"},
     flavours=FLAVOURS,

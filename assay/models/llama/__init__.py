@@ -28,7 +28,7 @@ from assay.models.hf_checkpoint import (
 from assay.models.llama.args import HF_MODEL_TYPES, LlamaArgs, apply_spec_overrides, parse_spec_overrides
 from assay.models.llama.model import Llama, count_parameters
 from assay.models.llama.state_dict_adapter import from_hf, to_hf
-from assay.models.registry import ArchSpec, FlopShape, register
+from assay.models.registry import ArchSpec, register
 from assay.models.serving import KV_CACHE
 
 # Published sizes (their config.json) and a tiny one with the zoo's sizes (its tokenizer's 1024 tokens).
@@ -103,23 +103,6 @@ def export_hf(
 # ---------------------------------------------------------------- the registry entry
 
 
-def _flop_shape(args: LlamaArgs) -> FlopShape:
-    return FlopShape(count_parameters(build_llama(args, device="meta")).active_matmul, args.n_layers, args.n_heads * args.head_dim)
-
-
-def _check_tp(args: LlamaArgs, tp: int) -> None:
-    from assay.models.llama.parallelize import check_tp_divisible
-
-    if tp > 1:
-        check_tp_divisible(args, tp)
-
-
-def _parallelize(model: Llama, mesh, tp: bool, dp_shard: bool) -> Llama:
-    from assay.models.llama.parallelize import parallelize_llama
-
-    return parallelize_llama(model, mesh, tp=tp, dp_shard=dp_shard)
-
-
 def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> LlamaArgs:
     """Multi-head (as many key/value heads as query heads) at dim / n_heads per head, untied."""
     if dim % n_heads:
@@ -138,9 +121,8 @@ SPEC = register(ArchSpec(
     init=build_llama,
     load=load_native_llama,
     export_hf=export_hf,
-    parallelize=_parallelize,
-    check_tp=_check_tp,
-    flop_shape=_flop_shape,
+    parallelize_fn="assay.models.llama.parallelize:parallelize_llama",
+    check_tp_fn="assay.models.llama.parallelize:check_tp_divisible",
     cache=KV_CACHE,
     kernel_targets={"rope": "layers.*.attention.rope", "attention": "layers.*.attention.sdpa"},
     flavours=FLAVOURS,

@@ -28,7 +28,7 @@ from assay.models.hf_checkpoint import (
 from assay.models.qwen3.args import HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE, Qwen3Args, apply_spec_overrides, parse_spec_overrides
 from assay.models.qwen3.model import ParamCounts, Qwen3, count_parameters
 from assay.models.qwen3.state_dict_adapter import from_hf, to_hf
-from assay.models.registry import ArchSpec, FlopShape, register
+from assay.models.registry import ArchSpec, register
 from assay.models.serving import KV_CACHE
 
 # Sizes of the published Qwen3 checkpoints (their config.json), plus two tiny ones for tests.
@@ -111,24 +111,6 @@ def export_hf(
 # ---------------------------------------------------------------- the registry entry
 
 
-def _flop_shape(args: Qwen3Args) -> FlopShape:
-    counts = count_parameters(build_qwen3(args, device="meta"))
-    return FlopShape(counts.active_matmul, args.n_layers, args.n_heads * args.head_dim)
-
-
-def _check_tp(args: Qwen3Args, tp: int) -> None:
-    from assay.models.qwen3.parallelize import check_tp_divisible
-
-    if tp > 1:
-        check_tp_divisible(args, tp)
-
-
-def _parallelize(model: Qwen3, mesh, tp: bool, dp_shard: bool) -> Qwen3:
-    from assay.models.qwen3.parallelize import parallelize_qwen3
-
-    return parallelize_qwen3(model, mesh, tp=tp, dp_shard=dp_shard)
-
-
 def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> Qwen3Args:
     """Multi-head (as many key/value heads as query heads) at dim / n_heads per head."""
     if dim % n_heads:
@@ -147,9 +129,8 @@ SPEC = register(ArchSpec(
     init=build_qwen3,
     load=load_native_qwen3,
     export_hf=export_hf,
-    parallelize=_parallelize,
-    check_tp=_check_tp,
-    flop_shape=_flop_shape,
+    parallelize_fn="assay.models.qwen3.parallelize:parallelize_qwen3",
+    check_tp_fn="assay.models.qwen3.parallelize:check_tp_divisible",
     cache=KV_CACHE,
     kernel_targets={"rope": "layers.*.attention.rope", "attention": "layers.*.attention.sdpa", "grouped_experts": "layers.*.moe.experts"},
     flavours=FLAVOURS,
