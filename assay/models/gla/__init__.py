@@ -27,14 +27,7 @@ from assay.models.gla.args import (
 )
 from assay.models.gla.model import GLA, ParamCounts, State, count_parameters
 from assay.models.gla.state_dict_adapter import from_hf, to_hf
-from assay.models.hf_checkpoint import (
-    DEFAULT_MAX_SHARD_BYTES,
-    SafetensorsStateDict,
-    checkpoint_dir,
-    export_native_checkpoint,
-    load_into_meta_model,
-    read_hf_config,
-)
+from assay.models.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, export_native_model, load_native_checkpoint
 from assay.models.memory import linear_state_bytes_per_sequence
 from assay.models.registry import ArchSpec, register
 from assay.models.serving import FIXED_STATE
@@ -83,10 +76,8 @@ def load_native_gla(
     dtype: torch.dtype = torch.float32,
 ) -> tuple[GLA, GLAArgs]:
     """Build the native GLA that the checkpoint's config.json describes (after overrides) and load its weights."""
-    folder = checkpoint_dir(path_or_dir)
-    args = apply_spec_overrides(GLAArgs.from_hf_config(read_hf_config(folder)), spec_overrides)
-    native = from_hf(SafetensorsStateDict(folder), args)
-    return load_into_meta_model(GLA, args, native, device, dtype, "GLA"), args
+    return load_native_checkpoint(path_or_dir, GLAArgs.from_hf_config, apply_spec_overrides, from_hf, GLA, "GLA",
+                                  spec_overrides, device, dtype)
 
 
 def export_hf(
@@ -103,10 +94,7 @@ def export_hf(
     `model` is a native GLA or its full (gathered, plain-tensor) state dict. extra_config: further
     config.json fields (token ids when there is no source checkpoint to copy them from).
     """
-    state_dict = model.state_dict() if isinstance(model, nn.Module) else model
-    return export_native_checkpoint(
-        out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes, extra_config=extra_config
-    )
+    return export_native_model(model, args, to_hf, out_dir, tokenizer_source_dir, max_shard_bytes, extra_config)
 
 
 # ---------------------------------------------------------------- the registry entry

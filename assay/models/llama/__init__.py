@@ -17,14 +17,7 @@ import torch
 from torch import nn
 
 from assay.core.errors import AssayError
-from assay.models.hf_checkpoint import (
-    DEFAULT_MAX_SHARD_BYTES,
-    SafetensorsStateDict,
-    checkpoint_dir,
-    export_native_checkpoint,
-    load_into_meta_model,
-    read_hf_config,
-)
+from assay.models.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, export_native_model, load_native_checkpoint
 from assay.models.llama.args import HF_MODEL_TYPES, LlamaArgs, apply_spec_overrides, parse_spec_overrides
 from assay.models.llama.model import Llama, count_parameters
 from assay.models.llama.state_dict_adapter import from_hf, to_hf
@@ -75,12 +68,8 @@ def load_native_llama(
 
     slice_experts (the trainer's --slice-experts): allow a spec with fewer layers than the checkpoint.
     """
-    folder = checkpoint_dir(path_or_dir)
-    args = apply_spec_overrides(LlamaArgs.from_hf_config(read_hf_config(folder)), spec_overrides)
-    native = from_hf(SafetensorsStateDict(folder), args, slice_layers=slice_experts)
-    model = load_into_meta_model(Llama, args, native, device, dtype, "Llama")
-    model.reset_rope_cache()
-    return model, args
+    return load_native_checkpoint(path_or_dir, LlamaArgs.from_hf_config, apply_spec_overrides, from_hf, Llama, "Llama",
+                                  spec_overrides, device, dtype, slice_layers=slice_experts)
 
 
 def export_hf(
@@ -96,8 +85,7 @@ def export_hf(
 
     `model` is a native Llama or its full (gathered, plain-tensor) state dict.
     """
-    state_dict = model.state_dict() if isinstance(model, nn.Module) else model
-    return export_native_checkpoint(out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes, extra_config=extra_config)
+    return export_native_model(model, args, to_hf, out_dir, tokenizer_source_dir, max_shard_bytes, extra_config)
 
 
 # ---------------------------------------------------------------- the registry entry

@@ -17,14 +17,7 @@ import torch
 from torch import nn
 
 from assay.core.errors import AssayError
-from assay.models.hf_checkpoint import (
-    DEFAULT_MAX_SHARD_BYTES,
-    SafetensorsStateDict,
-    checkpoint_dir,
-    export_native_checkpoint,
-    load_into_meta_model,
-    read_hf_config,
-)
+from assay.models.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, export_native_model, load_native_checkpoint
 from assay.models.qwen3.args import HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE, Qwen3Args, apply_spec_overrides, parse_spec_overrides
 from assay.models.qwen3.model import ParamCounts, Qwen3, count_parameters
 from assay.models.qwen3.state_dict_adapter import from_hf, to_hf
@@ -81,12 +74,8 @@ def load_native_qwen3(
     A spec with fewer layers or experts than the checkpoint loads only with slice_experts=True: the
     first layers, the first experts and the matching router rows.
     """
-    folder = checkpoint_dir(path_or_dir)
-    args = apply_spec_overrides(Qwen3Args.from_hf_config(read_hf_config(folder)), spec_overrides)
-    native = from_hf(SafetensorsStateDict(folder), args, slice_experts=slice_experts)
-    model = load_into_meta_model(Qwen3, args, native, device, dtype, "Qwen3")
-    model.reset_rope_cache()
-    return model, args
+    return load_native_checkpoint(path_or_dir, Qwen3Args.from_hf_config, apply_spec_overrides, from_hf, Qwen3, "Qwen3",
+                                  spec_overrides, device, dtype, slice_experts=slice_experts)
 
 
 def export_hf(
@@ -102,10 +91,7 @@ def export_hf(
 
     `model` is a native Qwen3 or its full (gathered, plain-tensor) state dict.
     """
-    state_dict = model.state_dict() if isinstance(model, nn.Module) else model
-    return export_native_checkpoint(
-        out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes, extra_config=extra_config
-    )
+    return export_native_model(model, args, to_hf, out_dir, tokenizer_source_dir, max_shard_bytes, extra_config)
 
 
 # ---------------------------------------------------------------- the registry entry
