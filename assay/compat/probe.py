@@ -27,6 +27,7 @@ from assay.core.dtypes import DTYPE_NAMES
 from assay.core.errors import AssayError
 from assay.core.numerics import compare_tokens
 from assay.core.stack import collect_stack
+from assay.models.auto import model_code_for
 
 DTYPES = DTYPE_NAMES
 # How allocators say "no memory" when they raise something other than MemoryError/OutOfMemoryError.
@@ -179,10 +180,11 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
         "assay_version": __version__,
         "schema_version": SCHEMA_VERSION,
     }
+    row["model_code"] = model_code_for(ref.config.get("model_type"))
     row["run_py"] = render_run_py(
         model_path=ref.load_path, task=task, device=str(device), dtype=request.dtype, backend=backend,
         new_tokens=request.new_tokens, stack_label=stack.label, stack_id=stack.stack_id,
-        parallelism=parallelism, num_devices=request.devices,
+        parallelism=parallelism, num_devices=request.devices, model_code=row["model_code"],
     )
     row["command"] = (
         f"assay probe {request.model} --device {request.device} --backend {backend} --dtype {request.dtype} "
@@ -248,6 +250,7 @@ def execute(plan: ProbePlan) -> dict:
             model = recipe.load_model(ref.load_path, task, str(device), request.dtype)
             inputs = recipe.make_inputs(ref.load_path, task, str(device))
             row["load_s"] = time.perf_counter() - load_start
+            row["cache_kind"] = recipe.cache_kind(model)
             row["prompt_tokens"] = int(inputs["input_ids"].shape[1])
         except Exception as exc:  # any failure to load is a result, not a crash
             return finish(classify_exception(exc, "load"), _one_line(exc), traceback.format_exc())

@@ -115,11 +115,19 @@ def compile_config(backend):
     return config
 
 
+def cache_kind(model):
+    """ "fixed_state" for a stateful model (a fixed-size recurrent state per layer, e.g. GLA: no keys or
+    values, nothing grows with the length), else "static_kv" (a static key/value cache)."""
+    return "fixed_state" if getattr(model, "_is_stateful", False) else "static_kv"
+
+
 def generate(model, inputs, new_tokens, config=None, output_scores=False):
     """Greedy generation of exactly `new_tokens` tokens with a static cache; config=None runs eager.
 
     Static cache: every decode step has the same shapes, so a compiled graph is reused instead of
-    recompiled per token (the reference system's condition for compiling at all).
+    recompiled per token (the reference system's condition for compiling at all). For a fixed-state
+    model (cache_kind "fixed_state") Transformers' static cache holds only each layer's recurrent state,
+    allocated once: no key/value cache and no maximum length.
     """
     kwargs = dict(
         max_new_tokens=new_tokens,

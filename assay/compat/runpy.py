@@ -13,18 +13,22 @@ from assay.compat import recipe
 
 def render_run_py(
     *, model_path: str, task: str, device: str, dtype: str, backend: str, new_tokens: int, stack_label: str, stack_id: str,
-    parallelism: str = "single", num_devices: int = 1,
+    parallelism: str = "single", num_devices: int = 1, model_code: str | None = None,
 ) -> str:
+    """model_code: a module to import before loading (it registers a model_type Transformers lacks)."""
     recipe_source = inspect.getsource(recipe)
     header = (
         f'"""Reproduce an assay probe: greedy generation of {new_tokens} tokens with a static cache under\n'
         f"torch.compile(backend={backend!r}) on {device}, {dtype}. Prints the generated token ids as JSON.\n\n"
         f"Recorded on stack {stack_id}:\n  {stack_label}\n"
-        'Requires: torch, transformers (and pillow for image-text models)."""\n'
+        + (f"Requires: torch, transformers and {model_code} (its import registers the model with Transformers)"
+           if model_code else "Requires: torch, transformers (and pillow for image-text models)")
+        + '."""\n'
     )
+    import_model_code = f"import {model_code}  # registers the model's config and class with Transformers' Auto classes\n" if model_code else ""
     main = f'''
 
-MODEL = {model_path!r}
+{import_model_code}MODEL = {model_path!r}
 TASK = {task!r}
 DEVICE = {device!r}
 DTYPE = {dtype!r}

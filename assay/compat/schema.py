@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+# 2: cache_kind and model_code (a fixed-state model's rows say so; run.py may import assay for its model code).
+SCHEMA_VERSION = 2
 
 # Statuses and what they mean. SKIPPED is deliberate and never a failure; "not tested" is not a
 # status at all (the model has no row).
@@ -55,6 +56,8 @@ SCHEMA = pa.schema(
         pa.field("versions", pa.string()),  # JSON: the whole stack (assay.core.stack.Stack.as_dict)
         pa.field("run_py", pa.string()),  # the self-contained script that reproduces this row
         pa.field("command", pa.string()),  # the one-line assay command that produced it
+        pa.field("model_code", pa.string()),  # the module run.py imports for the model (null: Transformers' own)
+        pa.field("cache_kind", pa.string()),  # "static_kv" (a static key/value cache) or "fixed_state" (recurrent state)
         # tokens
         pa.field("prompt_tokens", pa.int32()),
         pa.field("new_tokens", pa.int32()),

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from assay.kernels.registry import Case, Kernel, ShapeConstraint, check_constraints, select_impl
-from assay.models.qwen3.model import CausalAttention
+from assay.models.layers import CausalAttention
 
 CONSTRAINTS = (
     ShapeConstraint(

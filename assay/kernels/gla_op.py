@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from assay.kernels.gla import gla_chunk, gla_recurrent
 from assay.kernels.registry import Case, Kernel, select_impl
-from assay.models.gla.model import GLAOperator
+from assay.models.layers import GLAOperator
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

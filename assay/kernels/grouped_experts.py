@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from assay.kernels.registry import Case, Kernel, ShapeConstraint, select_impl
-from assay.models.qwen3.model import GroupedExperts
+from assay.models.layers import GroupedExperts
 
 _ALIGN = "torch._grouped_mm reads rows of a multiple of 16 bytes"
 CONSTRAINTS = (

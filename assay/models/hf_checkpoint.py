@@ -174,6 +174,45 @@ def load_into_meta_model(
     return model
 
 
+def load_native_checkpoint(
+    path_or_dir: str | os.PathLike,
+    args_from_hf: Callable[[dict], Any],
+    apply_spec: Callable[[Any, Any], Any],
+    from_hf: Callable[..., Mapping[str, torch.Tensor]],
+    model_cls: Callable[[Any], torch.nn.Module],
+    family: str,
+    spec_overrides: Any = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    **from_hf_options: Any,
+) -> tuple[torch.nn.Module, Any]:
+    """A native model as the checkpoint's config.json describes it (after overrides), with its weights:
+    safetensors read lazily (one file or sharded), renamed by the model's from_hf, placed on device."""
+    folder = checkpoint_dir(path_or_dir)
+    args = apply_spec(args_from_hf(read_hf_config(folder)), spec_overrides)
+    native = from_hf(SafetensorsStateDict(folder), args, **from_hf_options)
+    model = load_into_meta_model(model_cls, args, native, device, dtype, family)
+    model.reset_rope_cache()  # derived buffers (a rotary table) on the weights' device
+    return model, args
+
+
+def export_native_model(
+    model: torch.nn.Module | Mapping[str, torch.Tensor],
+    args: Any,
+    to_hf: Callable[[Mapping[str, torch.Tensor], Any], Mapping[str, torch.Tensor]],
+    out_dir: str | os.PathLike,
+    tokenizer_source_dir: str | os.PathLike | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    extra_config: Mapping[str, Any] | None = None,
+) -> list[Path]:
+    """A native model (or its full, gathered, plain-tensor state dict) as a checkpoint folder: to_hf's
+    key names, args.to_hf_config(), and the source checkpoint's tokenizer files."""
+    state_dict = model.state_dict() if isinstance(model, torch.nn.Module) else model
+    return export_native_checkpoint(
+        out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes, extra_config=extra_config
+    )
+
+
 def _plain_cpu_tensor(key: str, tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor that owns its storage: safetensors refuses views sharing memory."""
     tensor = tensor.detach()

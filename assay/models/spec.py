@@ -48,6 +48,8 @@ def _parse_value(spec_type: type, field_name: str, kind: str, raw: str) -> Any:
             if text.lower() in _FALSE:
                 return False
             raise ValueError(text)
+        if kind == "str":
+            return text
         if kind == "int":
             return int(text)
         if kind == "float":

@@ -6,8 +6,11 @@ GLA's projections (q, k at dim/2; v, output gate, out at dim; a low-rank gate) a
 out at dim, multi-head: as many key/value heads as query heads, like Zoology's attention baseline)
 land within a few percent of each other; `matched_params` checks the counts are within 10%.
 
+Every architecture question (args at a size, build, state bytes, export) goes to the architecture
+registry (assay.models.registry); ARCHS is only which entries this comparison uses.
+
 A checkpoint is an ordinary model folder (config.json, safetensors, the zoo tokenizer) written by the
-family's export_hf, so the trainer loads it like any other model, plus recall.json: the MQAR token
+entry's export_hf, so the trainer loads it like any other model, plus recall.json: the MQAR token
 layout it is trained on, which `assay recall needle --format tokens` reads back.
 """
 
@@ -43,35 +46,24 @@ class ModelSize:
     max_seq_len: int = 8192  # attention's rotary table (and the needle's longest prompt); GLA records it only
 
 
+def _spec(arch: str):
+    from assay.models import registry
+
+    if arch not in ARCHS:
+        raise AssayError(f"unknown architecture {arch!r} (one of {', '.join(ARCHS)})")
+    return registry.get(arch)
+
+
 def model_args(arch: str, size: ModelSize):
-    """The family's args dataclass for `arch` at `size`."""
-    if arch == "gla":
-        from assay.models.gla import GLAArgs
-
-        # chunk_size 64: the GLA default; every MQAR length used here is a multiple of 64 or padded by gla_chunk.
-        return GLAArgs(vocab_size=size.vocab_size, dim=size.dim, n_layers=size.n_layers, n_heads=size.n_heads,
-                       hidden_dim=size.hidden_dim, max_seq_len=size.max_seq_len)
-    if arch == "qwen3":
-        from assay.models.qwen3 import Qwen3Args
-
-        if size.dim % size.n_heads:
-            raise AssayError(f"dim {size.dim} is not a multiple of {size.n_heads} heads")
-        return Qwen3Args(vocab_size=size.vocab_size, dim=size.dim, n_layers=size.n_layers, n_heads=size.n_heads,
-                         n_kv_heads=size.n_heads, head_dim=size.dim // size.n_heads, hidden_dim=size.hidden_dim,
-                         max_seq_len=size.max_seq_len)
-    raise AssayError(f"unknown architecture {arch!r} (one of {', '.join(ARCHS)})")
+    """The architecture's args dataclass at `size` (its registry entry's args_for_size)."""
+    return _spec(arch).args_for_size(vocab_size=size.vocab_size, dim=size.dim, n_layers=size.n_layers, n_heads=size.n_heads,
+                                     hidden_dim=size.hidden_dim, max_seq_len=size.max_seq_len)
 
 
 def build_model(arch: str, size: ModelSize, seed: int = 0):
-    """A randomly initialised native model (std 0.02, each family's default init)."""
+    """A randomly initialised native model (std 0.02, each architecture's default init)."""
     args = model_args(arch, size)
-    if arch == "gla":
-        from assay.models.gla import build_gla
-
-        return build_gla(args, seed=seed), args
-    from assay.models.qwen3 import build_qwen3
-
-    return build_qwen3(args, seed=seed), args
+    return _spec(arch).build(args, "cpu", torch.float32, seed), args
 
 
 def param_count(model: torch.nn.Module) -> int:
@@ -79,40 +71,26 @@ def param_count(model: torch.nn.Module) -> int:
 
 
 def state_bytes(arch: str, args, seq_len: int) -> int:
-    """Per-sequence decoding memory at `seq_len` tokens, float32: GLA's fixed state, attention's KV cache."""
-    from assay.models.memory import kv_cache_bytes_per_sequence, linear_state_bytes_per_sequence
+    """Per-sequence decoding memory at `seq_len` tokens, float32: a fixed state, or a KV cache that grows."""
+    return _spec(arch).state_bytes_per_sequence(args, seq_len, torch.float32)
 
-    if arch == "gla":
-        return linear_state_bytes_per_sequence(args.n_layers, args.n_heads, args.head_k_dim, args.head_v_dim, torch.float32)
-    return kv_cache_bytes_per_sequence(args.n_layers, args.n_kv_heads, args.head_dim, seq_len, torch.float32)
+
+def arch_label(arch: str) -> str:
+    """How plots and tables name the architecture: "GLA", "attention (Qwen3)"."""
+    return _spec(arch).label
 
 
 def state_kind(arch: str) -> str:
-    return "state" if arch == "gla" else "kv_cache"
+    return _spec(arch).cache.kind
 
 
 def matched_params(size: ModelSize, archs: tuple[str, ...] = ARCHS) -> dict[str, int]:
     """Total parameters per architecture at `size`; AssayError when they differ by more than 10%."""
-    counts = {}
-    for arch in archs:
-        with torch.device("meta"):
-            model, _ = _meta_model(arch, size)
-        counts[arch] = param_count(model)
+    counts = {arch: param_count(_spec(arch).build(model_args(arch, size), "meta")) for arch in archs}
     low, high = min(counts.values()), max(counts.values())
     if high > low * (1 + MATCH_TOLERANCE):
         raise AssayError(f"parameter counts are not matched within {MATCH_TOLERANCE:.0%}: {counts}")
     return counts
-
-
-def _meta_model(arch: str, size: ModelSize):
-    args = model_args(arch, size)
-    if arch == "gla":
-        from assay.models.gla import build_gla
-
-        return build_gla(args, device="meta"), args
-    from assay.models.qwen3 import build_qwen3
-
-    return build_qwen3(args, device="meta"), args
 
 
 def write_checkpoint(model: torch.nn.Module | dict, arch: str, args, out_dir: Path, layout: MQARSpec | None) -> Path:
@@ -121,14 +99,11 @@ def write_checkpoint(model: torch.nn.Module | dict, arch: str, args, out_dir: Pa
 
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="recall-tokenizer-") as source:
-        # The families' export copies tokenizer files and token ids from a source checkpoint folder.
+        # The export copies tokenizer files and token ids from a source checkpoint folder.
         write_tokenizer(source)
         atomic_write_text(Path(source) / "config.json", json.dumps(TOKEN_IDS) + "\n")
-        if arch == "gla":
-            from assay.models.gla import export_hf
-        else:
-            from assay.models.qwen3 import export_hf
-        export_hf(model, args, out_dir, tokenizer_source_dir=source)
+        state_dict = model.state_dict() if isinstance(model, torch.nn.Module) else model
+        _spec(arch).export_hf(state_dict, args, out_dir, source)
     if layout is not None:
         atomic_write_json(out_dir / LAYOUT_FILE, {"mqar": layout.as_dict()})
     return out_dir

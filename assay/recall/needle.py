@@ -10,9 +10,10 @@ Two formats:
 Prompts are exactly `length` tokens. Depth 0 puts the needle first, 1 right before the question.
 
 How each model answers:
-  GLA (native)            prefill(prompt[:-1]) then decode_step per token: the fixed state carries the
-                          whole history, which is the path a GLA server runs.
-  Qwen3 (native)          its forward over the whole sequence, greedily, one token at a time.
+  a registered architecture (GLA, Qwen3, Llama: assay.models.registry)
+                          its slot adapter, as the serving engine runs it: prefill(prompt[:-1]) into one
+                          slot, then a decode step per token; the KV cache or the fixed state carries the
+                          whole history.
   any Transformers LM     generate(do_sample=False).
 A length beyond a model's maximum positions is a cell marked "skipped", not a failure of the run.
 """
@@ -47,7 +48,7 @@ class NeedleRequest:
 @dataclass
 class NeedleResult:
     model: str
-    kind: str  # gla, qwen3 (native) or hf
+    kind: str  # the registry entry's name (gla, qwen3, llama) or hf
     format: str
     max_positions: int | None
     cells: list[dict] = field(default_factory=list)  # one per (length, depth)
@@ -69,20 +70,27 @@ class NeedleModel:
     """One loaded checkpoint behind `answer(prompt_ids, n_new) -> new token ids` (greedy)."""
 
     def __init__(self, checkpoint: str, device: torch.device):
+        from assay.models import registry
         from assay.models.hf_checkpoint import checkpoint_dir, read_hf_config
-        from assay.train import FAMILIES
 
         self.folder = checkpoint_dir(checkpoint)
         self.device = device
         config = read_hf_config(self.folder)
-        model_type = config.get("model_type")
-        if model_type in FAMILIES:  # a native family (GLA, Qwen3 dense or MoE): assay's own model
-            family = FAMILIES[model_type]
-            self.model, self.args = family.load(self.folder, None, False, device, torch.float32)
-            self.kind = family.name
-            # GLA has no positional table: any length runs (its max_seq_len is recorded only).
-            self.max_positions = None if self.kind == "gla" else int(self.args.max_seq_len)
-            self.vocab_size = int(self.args.vocab_size)
+        spec = registry.find(config.get("model_type"))
+        if spec is not None:
+            try:
+                spec.args_from_hf(config)
+            except AssayError:  # a variant the native model does not run (a binding sliding window): Transformers does
+                spec = None
+        self.adapter = None
+        if spec is not None:  # a registered architecture: assay's own model, answered through its slot adapter
+            model, args = spec.load(self.folder, None, False, device, torch.float32)
+            self.model = model.eval()
+            self.adapter = spec.adapter_for(self.model, args)
+            self.kind = spec.name
+            # A fixed state has no positional table: any length runs (max_seq_len is recorded only).
+            self.max_positions = self.adapter.max_positions()
+            self.vocab_size = int(args.vocab_size)
         else:
             from transformers import AutoModelForCausalLM
 
@@ -103,28 +111,29 @@ class NeedleModel:
     def answer(self, prompt: torch.Tensor, n_new: int) -> list[int]:
         """prompt: [T] token ids -> n_new greedily generated ids."""
         tokens = prompt.to(self.device).unsqueeze(0)  # [1, T]
-        if self.kind == "gla":
-            # Prefill all but the last prompt token, then decode it: the answer comes out of the state path.
-            _, state = self.model.prefill(tokens[:, :-1])
-            logits, state = self.model.decode_step(tokens[:, -1:], state)
-            generated = []
-            for _ in range(n_new):
-                next_token = logits[:, -1:].argmax(-1)  # [1, 1]
-                generated.append(int(next_token))
-                if len(generated) < n_new:
-                    logits, state = self.model.decode_step(next_token, state)
-            return generated
-        if self.kind == "qwen3":
-            generated = []
-            for _ in range(n_new):
-                next_token = self.model(tokens)[:, -1:].argmax(-1)
-                generated.append(int(next_token))
-                tokens = torch.cat([tokens, next_token], dim=1)
-            return generated
+        if self.adapter is not None:
+            return self._answer_native(tokens, n_new)
         attention_mask = torch.ones_like(tokens)
         output = self.model.generate(input_ids=tokens, attention_mask=attention_mask, max_new_tokens=n_new, min_new_tokens=n_new,
                                      do_sample=False, pad_token_id=self.model.config.pad_token_id or 0)
         return output[0, tokens.shape[1]:].tolist()
+
+    def _answer_native(self, tokens: torch.Tensor, n_new: int) -> list[int]:
+        # The serving path, one slot: prefill all but the last prompt token, then decode it and each new
+        # token at its position, so the answer comes out of the cache (KV or fixed state) a server keeps.
+        length = tokens.shape[1]
+        buffers = self.adapter.pool_buffers(1, torch.float32, length + n_new)
+        slot_ids = torch.zeros(1, dtype=torch.int64, device=tokens.device)
+        self.adapter.prefill(tokens[:, :-1], 0, buffers)
+        next_token, position = tokens[:, -1:], length - 1
+        generated = []
+        for _ in range(n_new):
+            positions = torch.tensor([position], dtype=torch.int64, device=tokens.device)
+            logits = self.adapter.decode(next_token, slot_ids, positions, buffers)  # [1, vocab]
+            next_token = logits.argmax(-1, keepdim=True)  # [1, 1]
+            generated.append(int(next_token))
+            position += 1
+        return generated
 
 
 # ---------------------------------------------------------------- prompts

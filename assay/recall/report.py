@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from assay.core.errors import AssayError
+from assay.recall.models import arch_label
 from assay.recall.train import RESULTS_FILE, SCHEMA
 
 TABLE_COLUMNS = ["arch", "seq_len", "pairs", "accuracy", "params", "state_bytes", "state_kind", "steps", "minutes", "status"]
@@ -59,7 +60,7 @@ def plot_accuracy(rows: list[dict], out: str | Path, title: str = "MQAR accuracy
     for (arch, seq_len), points in sorted(series.items()):
         points.sort()
         state = next(r for r in rows if r["arch"] == arch and r["seq_len"] == seq_len)
-        label = f"{'GLA' if arch == 'gla' else 'attention (Qwen3)'}, {seq_len} tokens ({_bytes(state['state_bytes'])} {state['state_kind']})"
+        label = f"{arch_label(arch)}, {seq_len} tokens ({_bytes(state['state_bytes'])} {state['state_kind']})"
         ax.plot([p for p, _ in points], [100 * a for _, a in points], color=colours.get(arch), marker=markers.get(arch, "^"),
                 linestyle=line_styles[lengths.index(seq_len) % len(line_styles)], label=label)
     if chance:

@@ -220,16 +220,20 @@ def _gemma3_vision():
 
 
 def _gla():
-    from assay.models.gla import GLAArgs
+    from assay.models import registry
 
-    return GLAArgs(vocab_size=VOCAB_SIZE, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN, max_seq_len=MAX_POSITIONS)
+    return registry.get("gla").args_for_size(
+        vocab_size=VOCAB_SIZE, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN, max_seq_len=MAX_POSITIONS
+    )
 
 
-def _gla_builder(init_std: float):
+def _native_builder(arch: str, init_std: float):
+    """Build with assay's registered architecture `arch` (assay.models.registry), not Transformers."""
+
     def build(entry: ZooEntry, folder, seed: int) -> None:
-        from assay.zoo.native import write_gla_checkpoint
+        from assay.zoo.native import write_native_checkpoint
 
-        write_gla_checkpoint(entry.make_config(), folder, seed, init_std, entry.pretrain_steps)
+        write_native_checkpoint(arch, entry.make_config(), folder, seed, init_std, entry.pretrain_steps)
 
     return build
 
@@ -256,10 +260,11 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("olmo2", "allenai/OLMo-2-0425-1B", TEXT, "Olmo2ForCausalLM", ("untied", "gqa", "qk_norm"), _olmo2),
         ZooEntry("smollm3", "HuggingFaceTB/SmolLM3-3B", TEXT, "SmolLM3ForCausalLM", ("tied", "gqa", "nope_layers"), _smollm3),
         ZooEntry("granite", "ibm-granite/granite-3.3-2b-base", TEXT, "GraniteForCausalLM", ("tied", "gqa", "scaled_residual"), _granite),
-        # Gated linear attention in fla's checkpoint layout (model_type "gla"): Transformers has no GLA, so
-        # these are written by the native model's export, and the compatibility probe records FAIL_LOAD.
-        ZooEntry("gla", "fla-hub/gla-1.3B-100B", TEXT, "GLAForCausalLM", ("untied", "linear_attention", "fixed_state"), _gla, builder=_gla_builder(INIT_RANGE)),
-        ZooEntry("gla-pretrained", "fla-hub/gla-1.3B-100B", TEXT, "GLAForCausalLM", ("untied", "linear_attention", "fixed_state", "trained"), _gla, pretrain_steps=300, builder=_gla_builder(0.02)),
+        # Gated linear attention in fla's checkpoint layout (model_type "gla"), written by the registered
+        # native GLA's export; Transformers has no GLA of its own, and `import assay` registers ours with
+        # its Auto classes (assay.models.auto), so the probe loads them like any checkpoint.
+        ZooEntry("gla", "fla-hub/gla-1.3B-100B", TEXT, "GLAForCausalLM", ("untied", "linear_attention", "fixed_state"), _gla, builder=_native_builder("gla", INIT_RANGE)),
+        ZooEntry("gla-pretrained", "fla-hub/gla-1.3B-100B", TEXT, "GLAForCausalLM", ("untied", "linear_attention", "fixed_state", "trained"), _gla, pretrain_steps=300, builder=_native_builder("gla", 0.02)),
         ZooEntry("llava", "llava-hf/llava-1.5-7b-hf", IMAGE_TEXT, "LlavaForConditionalGeneration", ("untied", "gqa", "vision"), _llava),
         ZooEntry("gemma3-vision", "google/gemma-3-4b-it", IMAGE_TEXT, "Gemma3ForConditionalGeneration", ("tied", "gqa", "qk_norm", "sliding_window", "vision"), _gemma3_vision),
     ]

@@ -14,14 +14,17 @@ import torch
 from assay.zoo.tokenizer import TOKEN_IDS
 
 
-def write_gla_checkpoint(args, folder: Path, seed: int, init_std: float, pretrain_steps: int = 0) -> None:
-    """args: the entry's GLAArgs (the entry's builder passes them: this module never imports entries)."""
+def write_native_checkpoint(arch: str, args, folder: Path, seed: int, init_std: float, pretrain_steps: int = 0) -> None:
+    """The registered architecture `arch` at `args` (the entry's builder passes them: this module never
+    imports entries), initialised normal(0, init_std), optionally pretrained on the corpus, exported by its
+    registry entry."""
     from transformers import GenerationConfig
 
-    from assay.models.gla import build_gla, export_hf
+    from assay.models import registry
     from assay.zoo.pretrain import next_token_loss, pretrain_on_corpus
 
-    model = build_gla(args, seed=seed, std=init_std)
+    spec = registry.get(arch)
+    model = spec.model_cls.build(args, "cpu", torch.float32, seed=seed, std=init_std)
     if pretrain_steps:
         # One thread: the chunked recurrence is hundreds of tiny ops per step, and on a shared 2-core
         # machine a second thread made each op wait on a descheduled peer (0.05 s a step became 0.5 s).
@@ -31,5 +34,5 @@ def write_gla_checkpoint(args, folder: Path, seed: int, init_std: float, pretrai
             pretrain_on_corpus(model, steps=pretrain_steps, seed=seed, lr=1e-2, loss_fn=next_token_loss)
         finally:
             torch.set_num_threads(threads)
-    export_hf(model, args, folder, extra_config=TOKEN_IDS)
+    spec.export_hf(model, args, folder, None, extra_config=TOKEN_IDS)
     GenerationConfig(**TOKEN_IDS, do_sample=False).save_pretrained(folder)

@@ -5,6 +5,7 @@ import pytest
 
 from assay.compat.dataset import query
 from assay.compat.probe import ProbeRequest, probe, probe_and_record
+from assay.compat.schema import SCHEMA_VERSION
 from assay.zoo import ZOO
 
 import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends)
@@ -91,14 +92,32 @@ def test_unknown_architecture_is_fail_load(zoo_dir, tmp_path):
     assert "my_private_arch" in row["reason"] + row["error"]
 
 
-def test_architecture_unknown_to_transformers_is_fail_load_with_its_model_type(zoo_dir, tmp_path, assay_cli):
-    # zoo/gla is in fla's GLA layout (model_type "gla"), which Transformers does not implement.
-    result = assay_cli("probe", str(zoo_dir / "gla"), "--backend", "aot_eager", "--out", str(tmp_path), "--json")
+def test_gla_loads_through_assays_registration_and_its_run_py_reproduces(zoo_dir, tmp_path, assay_cli):
+    # zoo/gla is in fla's GLA layout (model_type "gla"), which Transformers does not implement: `import
+    # assay` registers assay's GLA with its Auto classes, in the probe's own process (a CLI subprocess here).
+    import subprocess
+
+    result = assay_cli("probe", str(zoo_dir / "gla"), "--backend", "aot_eager", "--new-tokens", "6", "--out", str(tmp_path), "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     row = json.loads(result.stdout)
-    assert row["status"] == "FAIL_LOAD" and row["model"] == "assay-zoo/gla" and row["architecture"] == "GLAForCausalLM"
-    assert "gla" in row["reason"] and "Traceback" in row["error"]
-    assert query(tmp_path)[0]["status"] == "FAIL_LOAD"
+    assert row["status"] == "PASS", (row["reason"], row["error"])
+    assert row["model"] == "assay-zoo/gla" and row["architecture"] == "GLAForCausalLM" and row["graphs"] >= 1
+    # a fixed-size recurrent state, no static KV cache; run.py imports assay for the model code, and says so
+    assert row["cache_kind"] == "fixed_state" and row["model_code"] == "assay"
+    [stored] = query(tmp_path)
+    assert stored["cache_kind"] == "fixed_state" and stored["schema_version"] == SCHEMA_VERSION >= 2
+    assert "\nimport assay  #" in stored["run_py"] and "Requires: torch, transformers and assay" in stored["run_py"]
+    script = tmp_path / "run.py"
+    script.write_text(stored["run_py"])
+    rerun = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert json.loads(rerun.stdout.strip().splitlines()[-1])["tokens"] == row["generated_tokens"]
+
+
+def test_a_transformers_model_records_a_static_kv_cache_and_no_model_code(zoo_dir):
+    row = probe(ProbeRequest(str(zoo_dir / "qwen3"), backend="eager", new_tokens=2))
+    assert row["cache_kind"] == "static_kv" and row["model_code"] is None
+    assert "import assay" not in row["run_py"]
 
 
 def test_deliberate_skip_is_recorded_and_not_a_failure(zoo_dir, tmp_path, assay_cli):

@@ -20,7 +20,7 @@ def _assert_grid(result, lengths, depths, trials):
             assert cell["accuracy"] == cell["correct"] / trials
 
 
-@pytest.mark.parametrize("entry, kind", [("gla", "gla"), ("qwen3-pretrained", "qwen3"), ("llama", "hf")])
+@pytest.mark.parametrize("entry, kind", [("gla", "gla"), ("qwen3-pretrained", "qwen3"), ("llama", "llama"), ("mistral", "hf")])
 def test_text_needle_runs_on_each_kind_of_model_and_draws_a_heat_map(zoo_dir, tmp_path, entry, kind):
     lengths, depths = [64, 3000], [0.0, 1.0]
     result = run_needle(NeedleRequest(model=str(zoo_dir / entry), lengths=tuple(lengths), depths=tuple(depths), trials=2))

@@ -241,9 +241,11 @@ def _greedy_full_forward(model, prompt: list[int], n: int) -> list[int]:
     return sequence[len(prompt):]
 
 
-def test_qwen3_through_the_same_engine_gives_its_full_forward_greedy_tokens(zoo_dir):
+@pytest.mark.parametrize("entry", ["qwen3", "llama"])
+def test_a_kv_cache_model_through_the_same_engine_gives_its_full_forward_greedy_tokens(zoo_dir, entry):
     # Same engine, a KV cache per slot instead of a fixed state; rows at different positions share a batch.
-    engine = Engine.from_checkpoint(zoo_dir / "qwen3", EngineConfig(max_seqs=4, buckets=(1, 2, 4), eager=True, max_len=64))
+    # llama: the native Llama (assay.models.llama) loading the zoo's Transformers Llama checkpoint.
+    engine = Engine.from_checkpoint(zoo_dir / entry, EngineConfig(max_seqs=4, buckets=(1, 2, 4), eager=True, max_len=64))
     for index, prompt in enumerate(PROMPTS):
         engine.add_request(f"r{index}", prompt, max_tokens=3 + index)
     tokens = run_to_completion(engine)
@@ -270,8 +272,8 @@ def test_qwen3_compiled_decode_compiles_once_per_width_as_positions_grow(zoo_dir
 
 
 def test_a_checkpoint_of_an_architecture_not_served_is_a_clear_error(zoo_dir):
-    with pytest.raises(AssayError, match="model_type 'llama' is not served"):
-        Engine.from_checkpoint(zoo_dir / "llama", EngineConfig(eager=True))
+    with pytest.raises(AssayError, match="model_type 'gpt2' is not served"):
+        Engine.from_checkpoint(zoo_dir / "gpt2", EngineConfig(eager=True))
 
 
 def test_the_engine_exposes_the_checkpoint_tokenizer(zoo_dir):

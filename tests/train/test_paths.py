@@ -134,5 +134,6 @@ def test_kernels_need_the_native_path(train_zoo):
 
 def test_families_are_keyed_by_model_type():
     assert family_for("qwen3") is family_for("qwen3_moe") is FAMILIES["qwen3"]
-    with pytest.raises(AssayError, match="no native model for model_type 'llama'.*--path hf"):
-        family_for("llama")
+    assert family_for("llama") is family_for("mistral") and family_for("llama").name == "llama"
+    with pytest.raises(AssayError, match="no native model for model_type 'gpt2'.*--path hf"):
+        family_for("gpt2")

@@ -19,6 +19,7 @@ from torch import nn
 
 from assay.core.errors import AssayError
 from assay.models.gla.args import (
+    HF_MODEL_TYPE,
     GLAArgs,
     apply_spec_overrides,
     fla_intermediate_size,
@@ -26,15 +27,10 @@ from assay.models.gla.args import (
 )
 from assay.models.gla.model import GLA, ParamCounts, State, count_parameters
 from assay.models.gla.state_dict_adapter import from_hf, to_hf
-from assay.models.hf_checkpoint import (
-    DEFAULT_MAX_SHARD_BYTES,
-    SafetensorsStateDict,
-    checkpoint_dir,
-    export_native_checkpoint,
-    load_into_meta_model,
-    read_hf_config,
-)
+from assay.models.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, export_native_model, load_native_checkpoint
 from assay.models.memory import linear_state_bytes_per_sequence
+from assay.models.registry import ArchSpec, register
+from assay.models.serving import FIXED_STATE
 
 # "tiny" has the zoo's sizes (hidden 64, 2 layers, 4 heads, SwiGLU 128, the zoo tokenizer's 1024 tokens).
 # "1.3B" is fla-hub/gla-1.3B-100B's config.json. "3B" is the fixed-state reference (3.028B parameters,
@@ -70,12 +66,7 @@ def state_bytes_per_sequence(args: GLAArgs, dtype: torch.dtype = torch.float32) 
 
 def build_gla(args: GLAArgs, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0, std: float = 0.02) -> GLA:
     """A randomly initialised model (on "meta": shapes only, for counting or parallelize-then-materialise)."""
-    with torch.device(device):
-        model = GLA(args)
-    if torch.device(device).type != "meta":
-        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-        model.init_weights(std=std, generator=generator)
-    return model.to(dtype=dtype)
+    return GLA.build(args, device, dtype, seed, std)
 
 
 def load_native_gla(
@@ -85,10 +76,8 @@ def load_native_gla(
     dtype: torch.dtype = torch.float32,
 ) -> tuple[GLA, GLAArgs]:
     """Build the native GLA that the checkpoint's config.json describes (after overrides) and load its weights."""
-    folder = checkpoint_dir(path_or_dir)
-    args = apply_spec_overrides(GLAArgs.from_hf_config(read_hf_config(folder)), spec_overrides)
-    native = from_hf(SafetensorsStateDict(folder), args)
-    return load_into_meta_model(GLA, args, native, device, dtype, "GLA"), args
+    return load_native_checkpoint(path_or_dir, GLAArgs.from_hf_config, apply_spec_overrides, from_hf, GLA, "GLA",
+                                  spec_overrides, device, dtype)
 
 
 def export_hf(
@@ -105,14 +94,45 @@ def export_hf(
     `model` is a native GLA or its full (gathered, plain-tensor) state dict. extra_config: further
     config.json fields (token ids when there is no source checkpoint to copy them from).
     """
-    state_dict = model.state_dict() if isinstance(model, nn.Module) else model
-    return export_native_checkpoint(
-        out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes, extra_config=extra_config
-    )
+    return export_native_model(model, args, to_hf, out_dir, tokenizer_source_dir, max_shard_bytes, extra_config)
+
+
+# ---------------------------------------------------------------- the registry entry
+
+
+def _load(path_or_dir, spec_overrides=None, slice_experts: bool = False, device="cpu", dtype=torch.float32):
+    if slice_experts:
+        raise AssayError("--slice-experts applies to mixture-of-experts models; GLA has no experts (use --spec layers=N)")
+    return load_native_gla(path_or_dir, spec_overrides, device=device, dtype=dtype)
+
+
+def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> GLAArgs:
+    # chunk_size 64, the GLA default: any length runs (gla_chunk pads the last chunk).
+    return GLAArgs(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads, hidden_dim=hidden_dim, max_seq_len=max_seq_len)
+
+
+SPEC = register(ArchSpec(
+    name="gla",
+    label="GLA",
+    model_types=(HF_MODEL_TYPE,),
+    args_from_hf=GLAArgs.from_hf_config,
+    apply_spec=apply_spec_overrides,
+    model_cls=GLA,
+    init=lambda args, device="meta", dtype=torch.float32, seed=0: build_gla(args, device, dtype, seed),
+    load=_load,
+    export_hf=export_hf,
+    parallelize_fn="assay.models.gla.parallelize:parallelize_gla",
+    check_tp_fn="assay.models.gla.parallelize:check_tp_divisible",
+    cache=FIXED_STATE,
+    kernel_targets={"gla_chunk": "layers.*.attention.gla"},
+    flavours=FLAVOURS,
+    args_for_size=args_for_size,
+))
 
 
 __all__ = [
     "FLAVOURS",
+    "SPEC",
     "GLA",
     "GLAArgs",
     "ParamCounts",

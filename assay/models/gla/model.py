@@ -1,4 +1,5 @@
-"""The native GLA causal LM, top to bottom: GLAOperator, GatedLinearAttention, Block, GLA.
+"""The native GLA causal LM, top to bottom: GatedLinearAttention, Block, GLA (GLAOperator, RMSNorm and the
+SwiGLU MLP are shared layers, assay.models.layers).
 
 Three ways through the same weights:
   forward(tokens) -> logits                         training: every layer through gla_chunk, no state kept
@@ -21,37 +22,18 @@ Every projection infers its local head count from its width, so column-sharded w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from assay.models.gla.args import GLAArgs
-from assay.models.qwen3.model import MLP, RMSNorm
-from assay.ops import gla_chunk, gla_step
+from assay.models.layers import MLP, GLAOperator, NativeDecoder, ParamCounts, RMSNorm
+from assay.models.layers import count_parameters as count_layer_parameters
+
+__all__ = ["GLA", "Block", "GLAOperator", "GatedLinearAttention", "ParamCounts", "State", "count_parameters"]
 
 # One float32 [B, H, K, V] tensor per layer.
 State = list[torch.Tensor]
-
-
-class GLAOperator(nn.Module):
-    """The gated-linear-attention recurrence over [B, T, H, D]: chunkwise in parallel, or one step."""
-
-    def __init__(self, chunk_size: int):
-        super().__init__()
-        self.chunk_size = chunk_size
-
-    def forward(self, q, k, v, g, initial_state=None, output_final_state=False):
-        # q, k, g: [B, T, H, K]; v: [B, T, H, V]; initial_state: [B, H, K, V] -> o [B, T, H, V], state or None
-        return gla_chunk(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state, chunk_size=self.chunk_size)
-
-    def step(self, q, k, v, g, state):
-        # q, k, g: [B, H, K]; v: [B, H, V]; state: [B, H, K, V] -> o [B, H, V], new state
-        return gla_step(q, k, v, g, state)
-
-    def extra_repr(self) -> str:
-        return f"chunk_size={self.chunk_size}"
 
 
 class GatedLinearAttention(nn.Module):
@@ -125,7 +107,7 @@ class Block(nn.Module):
         return h + self.mlp(self.ffn_norm(h)), new_state
 
 
-class GLA(nn.Module):
+class GLA(NativeDecoder):
     def __init__(self, args: GLAArgs):
         super().__init__()
         self.args = args
@@ -134,22 +116,6 @@ class GLA(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
-
-    def tie_weights(self) -> None:
-        """Share the embedding with the output head (again after load_state_dict(assign=True) or to_empty)."""
-        if self.args.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
-
-    @torch.no_grad()
-    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
-        """fla's initialisation: normal(0, std) matrices and embedding, zero biases, unit norms."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(0.0, std, generator=generator)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
-            elif isinstance(module, RMSNorm):
-                module.weight.fill_(1.0)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # tokens: [B, T] -> logits: [B, T, vocab]
@@ -199,15 +165,6 @@ class GLA(nn.Module):
         return torch.cat(pieces, dim=1), state
 
 
-@dataclass(frozen=True)
-class ParamCounts:
-    total: int  # every parameter once (a tied embedding/output counts once)
-    embedding: int  # the token embedding table (a lookup, not a matmul)
-    active_matmul: int  # matmul weights one token passes: projections, gate, MLP, output head
-
-
 def count_parameters(model: GLA) -> ParamCounts:
     """Parameter counts (works on the meta device, so the 3B spec is counted without allocating it)."""
-    total = sum(p.numel() for p in model.parameters())
-    active = sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
-    return ParamCounts(total=total, embedding=model.tok_embeddings.weight.numel(), active_matmul=active)
+    return count_layer_parameters(model)

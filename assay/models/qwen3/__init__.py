@@ -17,17 +17,12 @@ import torch
 from torch import nn
 
 from assay.core.errors import AssayError
-from assay.models.hf_checkpoint import (
-    DEFAULT_MAX_SHARD_BYTES,
-    SafetensorsStateDict,
-    checkpoint_dir,
-    export_native_checkpoint,
-    load_into_meta_model,
-    read_hf_config,
-)
-from assay.models.qwen3.args import Qwen3Args, apply_spec_overrides, parse_spec_overrides
+from assay.models.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, export_native_model, load_native_checkpoint
+from assay.models.qwen3.args import HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE, Qwen3Args, apply_spec_overrides, parse_spec_overrides
 from assay.models.qwen3.model import ParamCounts, Qwen3, count_parameters
 from assay.models.qwen3.state_dict_adapter import from_hf, to_hf
+from assay.models.registry import ArchSpec, register
+from assay.models.serving import KV_CACHE
 
 # Sizes of the published Qwen3 checkpoints (their config.json), plus two tiny ones for tests.
 # The tiny ones have the zoo's sizes (vocabulary of its tokenizer, 1024) so they train on the zoo corpus.
@@ -64,12 +59,7 @@ def flavour(name: str) -> Qwen3Args:
 
 def build_qwen3(args: Qwen3Args, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> Qwen3:
     """A randomly initialised model (on "meta": shapes only, for counting or for parallelize-then-materialise)."""
-    with torch.device(device):
-        model = Qwen3(args)
-    if torch.device(device).type != "meta":
-        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-        model.init_weights(generator=generator)
-    return model.to(dtype=dtype)
+    return Qwen3.build(args, device, dtype, seed)
 
 
 def load_native_qwen3(
@@ -84,12 +74,8 @@ def load_native_qwen3(
     A spec with fewer layers or experts than the checkpoint loads only with slice_experts=True: the
     first layers, the first experts and the matching router rows.
     """
-    folder = checkpoint_dir(path_or_dir)
-    args = apply_spec_overrides(Qwen3Args.from_hf_config(read_hf_config(folder)), spec_overrides)
-    native = from_hf(SafetensorsStateDict(folder), args, slice_experts=slice_experts)
-    model = load_into_meta_model(Qwen3, args, native, device, dtype, "Qwen3")
-    model.reset_rope_cache()
-    return model, args
+    return load_native_checkpoint(path_or_dir, Qwen3Args.from_hf_config, apply_spec_overrides, from_hf, Qwen3, "Qwen3",
+                                  spec_overrides, device, dtype, slice_experts=slice_experts)
 
 
 def export_hf(
@@ -98,20 +84,49 @@ def export_hf(
     out_dir: str | os.PathLike,
     tokenizer_source_dir: str | os.PathLike | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    extra_config: Mapping[str, Any] | None = None,
 ) -> list[os.PathLike]:
     """Write a Transformers checkpoint (safetensors, config.json, and from the source checkpoint its
     tokenizer files and generation_config.json) that AutoModelForCausalLM.from_pretrained reloads.
 
     `model` is a native Qwen3 or its full (gathered, plain-tensor) state dict.
     """
-    state_dict = model.state_dict() if isinstance(model, nn.Module) else model
-    return export_native_checkpoint(
-        out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes
-    )
+    return export_native_model(model, args, to_hf, out_dir, tokenizer_source_dir, max_shard_bytes, extra_config)
+
+
+# ---------------------------------------------------------------- the registry entry
+
+
+def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> Qwen3Args:
+    """Multi-head (as many key/value heads as query heads) at dim / n_heads per head."""
+    if dim % n_heads:
+        raise AssayError(f"dim {dim} is not a multiple of {n_heads} heads")
+    return Qwen3Args(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
+                     head_dim=dim // n_heads, hidden_dim=hidden_dim, max_seq_len=max_seq_len)
+
+
+SPEC = register(ArchSpec(
+    name="qwen3",
+    label="attention (Qwen3)",
+    model_types=(HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE),
+    args_from_hf=Qwen3Args.from_hf_config,
+    apply_spec=apply_spec_overrides,
+    model_cls=Qwen3,
+    init=build_qwen3,
+    load=load_native_qwen3,
+    export_hf=export_hf,
+    parallelize_fn="assay.models.qwen3.parallelize:parallelize_qwen3",
+    check_tp_fn="assay.models.qwen3.parallelize:check_tp_divisible",
+    cache=KV_CACHE,
+    kernel_targets={"rope": "layers.*.attention.rope", "attention": "layers.*.attention.sdpa", "grouped_experts": "layers.*.moe.experts"},
+    flavours=FLAVOURS,
+    args_for_size=args_for_size,
+))
 
 
 __all__ = [
     "FLAVOURS",
+    "SPEC",
     "ParamCounts",
     "Qwen3",
     "Qwen3Args",

@@ -20,19 +20,19 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from assay.models.parallel import apply_fsdp, check_tp_sizes, parallelize_model
+from assay.models.qwen3.args import Qwen3Args
 from assay.models.qwen3.model import Qwen3
 
 
-def _check_tp_divisible(model: Qwen3, tp_size: int) -> None:
-    args = model.args
+def check_tp_divisible(args: Qwen3Args, tp_size: int) -> None:
     sizes = {"n_heads": args.n_heads, "n_kv_heads": args.n_kv_heads}
-    if any(not block.is_moe for block in model.layers):
+    if any(not args.is_moe_layer(layer_id) for layer_id in range(args.n_layers)):
         sizes["hidden_dim"] = args.hidden_dim
     check_tp_sizes(sizes, tp_size)
 
 
 def apply_tp(model: Qwen3, tp_mesh: DeviceMesh) -> None:
-    _check_tp_divisible(model, tp_mesh.size())
+    check_tp_divisible(model.args, tp_mesh.size())
     for block in model.layers:
         plan = {
             "attention.wq": ColwiseParallel(),
@@ -65,4 +65,4 @@ def parallelize_qwen3(
 
 
 # apply_fsdp lives in assay.models.parallel; callers still import it from here.
-__all__ = ["apply_fsdp", "apply_tp", "parallelize_qwen3"]
+__all__ = ["apply_fsdp", "apply_tp", "check_tp_divisible", "parallelize_qwen3"]

@@ -1,0 +1,194 @@
+"""Slot serving for native models: how a loaded model lays out its per-sequence state in the engine's
+slot pool, prefills one prompt into a slot and decodes a batch of slots by one token.
+
+Two kinds, chosen by an architecture's registry entry (never by asking which architecture it is):
+  StateAdapter    a fixed-state model (GLA): one [H, K, V] matrix per layer and slot, whatever the length;
+                  prefill through the chunked form, decode through the recurrent step.
+  KVCacheAdapter  a transformer with a static key/value cache per slot (any KVCacheDecoder model:
+                  Qwen3, Llama): [max_len, Hkv, D] per layer for k and for v.
+
+Every decode is `decode(tokens [W, 1], slot_ids [W], positions [W], buffers) -> logits [W, vocab]`: the
+function the engine compiles once per width. It gathers its rows from the pool, runs the model's step
+and writes the rows back in place; padding rows carry the scratch slot's id.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from assay.models.memory import kv_cache_bytes_per_sequence, linear_state_bytes_per_sequence
+
+if TYPE_CHECKING:
+    from assay.models.registry import ArchSpec
+
+# The "transformer of the same size" is compared in bfloat16, the dtype such caches are served in.
+KV_REFERENCE_DTYPE = torch.bfloat16
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The attention shape whose key/value cache a sequence's state is compared with."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    note: str
+
+    def bytes_per_sequence(self, seq_len: int, dtype: torch.dtype = KV_REFERENCE_DTYPE) -> int:
+        return kv_cache_bytes_per_sequence(self.n_layers, self.n_kv_heads, self.head_dim, seq_len, dtype)
+
+
+class ModelAdapter(ABC):
+    """What the engine needs from an architecture. Subclasses hold the loaded model as `self.model`."""
+
+    model_type: str = ""
+    model: nn.Module
+
+    def __init__(self, model: nn.Module, args: Any, model_type: str = ""):
+        self.model, self.args, self.model_type = model, args, model_type
+
+    @classmethod
+    def load(cls, spec: ArchSpec, folder: Path, device: torch.device, max_len: int) -> ModelAdapter:
+        """The checkpoint's native model in eval mode, ready for sequences up to max_len tokens."""
+        model, args = spec.load(folder, None, False, device, torch.float32)
+        return cls(model.eval(), args, spec.name)
+
+    @abstractmethod
+    def pool_buffers(self, n_rows: int, dtype: torch.dtype, max_len: int) -> list[torch.Tensor]:
+        """Zeroed per-slot state: a list of tensors, each with n_rows rows (max_seqs + 1 with the scratch slot)."""
+        ...
+
+    @abstractmethod
+    def prefill(self, tokens: torch.Tensor, slot: int, buffers: list[torch.Tensor]) -> torch.Tensor:
+        """tokens [1, T] of one fresh sequence -> logits [vocab] at its last position; its state written to row `slot`."""
+        ...
+
+    @abstractmethod
+    def decode(self, tokens: torch.Tensor, slot_ids: torch.Tensor, positions: torch.Tensor, buffers: list[torch.Tensor]) -> torch.Tensor:
+        """tokens [W, 1], slot_ids [W], positions [W] (of each token) -> logits [W, vocab]; rows updated in place."""
+        ...
+
+    @abstractmethod
+    def state_bytes_per_sequence(self, dtype: torch.dtype, max_len: int) -> int:
+        ...
+
+    @abstractmethod
+    def kv_reference(self) -> KVLayout:
+        ...
+
+    def uses_max_len(self) -> bool:
+        """True when the pool's size depends on the longest sequence (a KV cache), False for a fixed state."""
+        return False
+
+    def max_positions(self) -> int | None:
+        """The longest sequence the loaded model can hold (its rotary table), None when unbounded."""
+        return None
+
+
+class StateAdapter(ModelAdapter):
+    """A fixed-state model with init_state-free prefill(tokens) -> (logits, state) and decode_step(tokens, state)."""
+
+    def pool_buffers(self, n_rows, dtype, max_len):
+        args, device = self.args, self.model.tok_embeddings.weight.device
+        return [torch.zeros(n_rows, args.n_heads, args.head_k_dim, args.head_v_dim, dtype=dtype, device=device) for _ in range(args.n_layers)]
+
+    def prefill(self, tokens, slot, buffers):
+        # tokens: [1, T] -> logits [vocab]; the final state of each layer lands in row `slot`
+        logits, state = self.model.prefill(tokens)
+        for buffer, layer_state in zip(buffers, state):
+            buffer[slot].copy_(layer_state[0])
+        return logits[0, -1]
+
+    def decode(self, tokens, slot_ids, positions, buffers):
+        # tokens: [W, 1]; slot_ids: [W]; positions unused (a state carries no position) -> logits [W, vocab]
+        # The recurrence runs in float32 whatever the pool stores: a bfloat16 pool rounds only what it keeps.
+        state = [buffer.index_select(0, slot_ids).float() for buffer in buffers]  # per layer [W, H, K, V]
+        logits, new_state = self.model.decode_step(tokens, state)
+        for buffer, layer_state in zip(buffers, new_state):
+            buffer.index_copy_(0, slot_ids, layer_state.to(buffer.dtype))
+        return logits[:, 0]
+
+    def state_bytes_per_sequence(self, dtype, max_len):
+        return state_bytes(self.args, max_len, dtype)
+
+    def kv_reference(self):
+        # A transformer of the same size: same depth and width, multi-head attention with the model's head
+        # count and dim / heads per head (no grouped-query sharing), so each token keeps 2 x dim values
+        # per layer. For the 3B GLA flavour that is 24 layers x 2 x 3072, as docs/gla.md's 24 heads of 128.
+        args = self.args
+        return KVLayout(args.n_layers, args.n_heads, args.dim // args.n_heads, f"MHA, {args.n_heads} heads x {args.dim // args.n_heads}")
+
+
+class KVCacheAdapter(ModelAdapter):
+    """A KVCacheDecoder model (assay.models.layers): init_kv_cache, prefill, decode_step."""
+
+    @classmethod
+    def load(cls, spec, folder, device, max_len):
+        model, args = spec.load(folder, None, False, device, torch.float32)
+        if args.max_seq_len < max_len:  # the rotary table must reach the last position a slot can hold
+            model, args = spec.load(folder, {"max_seq_len": max_len}, False, device, torch.float32)
+        return cls(model.eval(), args, spec.name)
+
+    def _kv_cache(self, buffers):
+        return list(zip(buffers[0::2], buffers[1::2]))
+
+    def pool_buffers(self, n_rows, dtype, max_len):
+        buffers = []
+        for keys, values in self.model.init_kv_cache(n_rows, max_len, dtype=dtype):
+            buffers += [keys, values]
+        return buffers
+
+    def prefill(self, tokens, slot, buffers):
+        # tokens: [1, T] -> logits [vocab]; keys/values of positions 0..T-1 land in row `slot`
+        slot_ids = torch.tensor([slot], dtype=torch.int64, device=tokens.device)
+        return self.model.prefill(tokens, self._kv_cache(buffers), slot_ids)[0, -1]
+
+    def decode(self, tokens, slot_ids, positions, buffers):
+        # tokens: [W, 1]; slot_ids, positions: [W] -> logits [W, vocab]; each row's k/v written at its position
+        return self.model.decode_step(tokens, self._kv_cache(buffers), slot_ids, positions)[:, 0]
+
+    def state_bytes_per_sequence(self, dtype, max_len):
+        return kv_bytes(self.args, max_len, dtype)
+
+    def kv_reference(self):
+        args = self.args
+        return KVLayout(args.n_layers, args.n_kv_heads, args.head_dim, f"its own cache, {args.n_kv_heads} kv heads x {args.head_dim}")
+
+    def uses_max_len(self) -> bool:
+        return True
+
+    def max_positions(self) -> int | None:
+        return int(self.args.max_seq_len)
+
+
+def kv_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:
+    """A KV-cache model's keys and values for seq_len tokens (args with n_layers, n_kv_heads, head_dim)."""
+    return kv_cache_bytes_per_sequence(args.n_layers, args.n_kv_heads, args.head_dim, seq_len, dtype)
+
+
+def state_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:
+    """A fixed-state model's state (args with n_layers, n_heads, head_k_dim, head_v_dim); seq_len plays no part."""
+    return linear_state_bytes_per_sequence(args.n_layers, args.n_heads, args.head_k_dim, args.head_v_dim, dtype)
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """How an architecture keeps a sequence's history while decoding."""
+
+    kind: str  # "kv_cache" (grows with the sequence) or "state" (fixed size)
+    adapter: type[ModelAdapter]
+    bytes_per_sequence: Any  # (args, seq_len, dtype) -> bytes
+
+    @property
+    def grows(self) -> bool:
+        return self.kind == "kv_cache"
+
+
+KV_CACHE = CacheSpec("kv_cache", KVCacheAdapter, kv_bytes)
+FIXED_STATE = CacheSpec("state", StateAdapter, state_bytes)
