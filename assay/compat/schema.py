@@ -8,22 +8,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+from assay.compat.request import FAILURES, STATUSES  # noqa: F401  (defined with the request; re-exported)
 
-# Statuses and what they mean. SKIPPED is deliberate and never a failure; "not tested" is not a
-# status at all (the model has no row).
-STATUSES = {
-    "PASS": "generated the tokens the reference generated (or, sharded, the judge found the text fluent)",
-    "FAIL_ACCURACY": "ran, but the tokens differ from the reference (first mismatch recorded)",
-    "FAIL_LOAD": "from_pretrained failed (missing or corrupt weights, unknown architecture, ...)",
-    "FAIL_COMPILE": "torch.compile failed (dynamo or the backend compiler raised)",
-    "FAIL_RUN": "compiled, but running the model raised",
-    "OOM": "the device or host ran out of memory",
-    "TIMEOUT": "killed after the time limit",
-    "CRASH": "the probe process died (signal, segfault) without reporting",
-    "SKIPPED": "deliberately not run (reason recorded); not a failure",
-}
-FAILURES = tuple(s for s in STATUSES if s.startswith("FAIL") or s in ("OOM", "TIMEOUT", "CRASH"))
+SCHEMA_VERSION = 1
 
 SCHEMA = pa.schema(
     [

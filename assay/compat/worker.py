@@ -12,7 +12,7 @@ def main(argv: list[str]) -> int:
     from assay.core.plugins import load_plugins
 
     load_plugins()
-    from assay.compat.isolate import request_from_json
+    from assay.compat.request import request_from_json
     from assay.compat.probe import probe
     from assay.core.files import atomic_write_json
 
