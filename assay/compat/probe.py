@@ -190,6 +190,7 @@ def execute(plan: ProbePlan) -> dict:
         # models eager.
         compiling.reset()
         config = recipe.compile_config(counting_backend(backend, stats))
+        dynamo_before = _dynamo_seconds()
         try:
             with watch(stats):
                 compile_start = time.perf_counter()
@@ -198,11 +199,13 @@ def execute(plan: ProbePlan) -> dict:
         except Exception as exc:
             _record_compile_stats(row, stats)
             return finish(classify_exception(exc, "compile"), one_line(exc), traceback.format_exc())
+        _record_compile_phases(row, dynamo_before)
         try:
             with watch(stats):
                 decode_start = time.perf_counter()
                 recipe.generate(model, inputs, request.new_tokens, config)
-                row["decode_tokens_per_s"] = request.new_tokens / (time.perf_counter() - decode_start)
+                row["generate_s"] = time.perf_counter() - decode_start
+                row["decode_tokens_per_s"] = request.new_tokens / row["generate_s"]
         except Exception as exc:
             _record_compile_stats(row, stats)
             return finish(classify_exception(exc, "run"), one_line(exc), traceback.format_exc())
@@ -215,21 +218,44 @@ def execute(plan: ProbePlan) -> dict:
         # Equal tokens would then say nothing about the compiler.
         return finish("FAIL_COMPILE", f"torch.compile(backend={backend!r}) compiled no graph: the model ran eager")
 
-    # 3. the reference: CPU eager, same checkpoint and dtype (the same model object when already on CPU)
+    # 3. the reference: CPU eager, same checkpoint and dtype. From the reference cache when it holds this
+    # run; else on the model object already loaded when the device under test is the CPU (one load serves
+    # both runs: the compiled run changes no weight, and generate(disable_compile=True) runs it eager).
     try:
-        reference = run_reference(plan, model if device.type == "cpu" else None, inputs if device.type == "cpu" else None)
+        reference = run_reference(plan, row, model if device.type == "cpu" else None, inputs if device.type == "cpu" else None)
     except Exception as exc:
         return finish(classify_exception(exc, "run"), f"CPU eager reference failed: {one_line(exc)}", traceback.format_exc())
     status, reason = compare_with_reference(row, tokens, reference)
     return finish(status, reason)
 
 
-def run_reference(plan: ProbePlan, model=None, inputs=None) -> tuple[list[int], list[list[int]]]:
-    """The CPU eager reference run: (tokens, top-5 token ids per step). `model`/`inputs`: already on the CPU."""
+def run_reference(plan: ProbePlan, row: dict, model=None, inputs=None) -> tuple[list[int], list[list[int]]]:
+    """The CPU eager reference: (tokens, top-5 token ids per step), from the reference cache or run here.
+
+    `model`/`inputs`: already loaded on the CPU. Fills the row's reference_s and reference_cache_hit
+    (None when no cache was consulted: disabled, or a Hub id that cannot be keyed by content).
+    """
+    start = time.perf_counter()
+    cache, key = None, None
+    if plan.request.reference_cache is not None:
+        from assay.compat.reference_cache import ReferenceCache, default_root, reference_key
+
+        cache = ReferenceCache(default_root() if plan.request.reference_cache == "auto" else plan.request.reference_cache)
+        key = reference_key(plan)
+    if key is not None:
+        cached = cache.load(key, plan.request.new_tokens)
+        row["reference_cache_hit"] = cached is not None
+        if cached is not None:
+            row["reference_s"] = time.perf_counter() - start
+            return cached
     if model is None:
         model = recipe.load_model(plan.ref.load_path, plan.task, "cpu", plan.request.dtype)
         inputs = recipe.make_inputs(plan.ref.load_path, plan.task, "cpu")
-    return recipe.generate(model, inputs, plan.request.new_tokens, None, output_scores=True)
+    tokens, top5 = recipe.generate(model, inputs, plan.request.new_tokens, None, output_scores=True)
+    if key is not None:
+        cache.store(key, tokens, top5, plan.ref.name)
+    row["reference_s"] = time.perf_counter() - start
+    return tokens, top5
 
 
 def compare_with_reference(row: dict, tokens: list[int], reference: tuple[list[int], list[list[int]]], what: str = "CPU eager") -> tuple[str, str]:
@@ -278,11 +304,27 @@ def _execute_sharded(plan: ProbePlan, row: dict, finish) -> dict:
         notes.append(verdict.reason)
     where = f"sharded over {request.devices} ({row['parallelism']} parallel)"
     if request.reference:
-        status, reason = compare_with_reference(row, tokens, run_reference(plan), what="single-device CPU eager")
+        status, reason = compare_with_reference(row, tokens, run_reference(plan, row), what="single-device CPU eager")
         return finish(status, f"{where}: {reason}" + "".join(f"; {n}" for n in notes))
     if verdict is not None and not verdict.fluent:
         return finish("FAIL_ACCURACY", f"{where}: {verdict.reason}")
     return finish("PASS", f"{where}: {verdict.reason}")
+
+
+def _dynamo_seconds() -> tuple[float, float]:
+    """(dynamo's frame compiles, the backend compiler's part of them) so far in this process, in seconds."""
+    from torch._dynamo.utils import compilation_time_metrics as metrics
+
+    return sum(metrics.get("_compile.compile_inner", ())), sum(metrics.get("OutputGraph.call_user_compiler", ()))
+
+
+def _record_compile_phases(row: dict, before: tuple[float, float]) -> None:
+    """Split the first compiled generate (compile_s) into dynamo tracing, the backend compiler, and the
+    rest: running the first call itself (guards, eager prefill parts, the generated code's first run)."""
+    total, backend = (after - was for after, was in zip(_dynamo_seconds(), before))
+    row["trace_s"] = total - backend
+    row["backend_compile_s"] = backend
+    row["first_call_s"] = max(row["compile_s"] - total, 0.0)
 
 
 def _record_compile_stats(row: dict, stats: CompileStats) -> None:

@@ -48,6 +48,9 @@ class ProbeRequest:
     judge: str | None = None  # a causal LM that scores fluency (required when sharded without a reference)
     reference: bool = True  # compare with a single-device CPU eager run (skipped only when unaffordable)
     parallelism: str = "auto"  # sharded: "auto" (tensor where a TP plan exists, else expert), "tensor", "expert"
+    # Where CPU eager references are cached (reference_cache.py): "auto" = $XDG_CACHE_HOME/assay/references
+    # (~/.cache/...) as the probe process sees it, a folder, or None for no cache.
+    reference_cache: str | None = "auto"
 
 
 @dataclass

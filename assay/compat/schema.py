@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from assay.compat.request import FAILURES, STATUSES  # noqa: F401  (defined with the request; re-exported)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: reference cache and per-phase times (reference_cache_hit, reference_s, trace_s, ...)
 
 SCHEMA = pa.schema(
     [
@@ -52,6 +52,13 @@ SCHEMA = pa.schema(
         pa.field("compile_s", pa.float64()),  # first compiled generate: compilation + one generation
         pa.field("decode_tokens_per_s", pa.float64()),  # second compiled generate, graphs warm
         pa.field("total_s", pa.float64()),  # wall time of the whole probe, compilation included
+        # per-phase times (schema 2): where a probe's wall time goes (docs/dataset.md, "Phases")
+        pa.field("reference_s", pa.float64()),  # CPU eager reference, or its reference-cache lookup on a hit
+        pa.field("trace_s", pa.float64()),  # dynamo tracing within the first compiled generate
+        pa.field("backend_compile_s", pa.float64()),  # the backend compiler (inductor: incl. its cache loads)
+        pa.field("first_call_s", pa.float64()),  # compile_s less trace_s and backend_compile_s: running the first call
+        pa.field("generate_s", pa.float64()),  # the measured (second) compiled generate
+        pa.field("compile_cache_io_s", pa.float64()),  # sweep --cache-dir: loading and saving the portable compile cache
         pa.field("peak_memory_bytes", pa.int64()),
         pa.field("memory_kind", pa.string()),  # "host_rss" on CPU, "<type>_allocated" on devices
         # compilation
@@ -59,6 +66,7 @@ SCHEMA = pa.schema(
         pa.field("graph_breaks", pa.int32()),
         pa.field("recompiles", pa.int32()),
         pa.field("compile_cache_hit", pa.bool_()),
+        pa.field("reference_cache_hit", pa.bool_()),  # schema 2: reference from the reference cache; null: no cache consulted
         # provenance
         pa.field("started_at", pa.string()),  # ISO 8601, UTC
         pa.field("host", pa.string()),

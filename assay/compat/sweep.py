@@ -157,5 +157,16 @@ def _run_sweep(request: SweepRequest, started: float, cache: dict, zygote) -> Sw
     return SweepOutcome(rows, already, time.perf_counter() - started)
 
 
+# A probe's phases in order (docs/dataset.md, "Phases"); compile_s is trace_s + backend_compile_s + first_call_s.
+PHASES = ("load_s", "reference_s", "trace_s", "backend_compile_s", "first_call_s", "generate_s", "compile_cache_io_s", "total_s")
+
+
+def phase_summary(rows: list[dict]) -> dict:
+    """Each phase's seconds summed over the rows (missing: 0), and how many references the cache served."""
+    summary: dict = {phase: sum(row.get(phase) or 0.0 for row in rows) for phase in PHASES}
+    summary["reference_cache_hits"] = sum(bool(row.get("reference_cache_hit")) for row in rows)
+    return summary
+
+
 def is_failure(row: dict) -> bool:
     return row["status"] in FAILURES
