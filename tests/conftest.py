@@ -16,6 +16,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every test uses local checkpoint
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_user_cache(tmp_path_factory):
+    """Tests never share the user's cache: XDG_CACHE_HOME (where the probe's reference cache lives by
+    default) points into this session's temporary folder, for this process and every one it starts.
+    Hugging Face's cache stays where it was."""
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    os.environ.setdefault("HF_HOME", str(user_cache / "huggingface"))
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory) -> Path:
     """The whole tiny zoo, built once per session. ASSAY_TEST_ZOO=DIR builds into (and reuses) DIR

@@ -16,6 +16,27 @@ RESULT_HEADERS = {"decode_tokens_per_s": "tok/s", "peak_memory_mb": "peak MB", "
 RESULT_FOOTNOTE = "compile_s*: first compiled generate (compilation + one generation); tok/s: second, warm generate"
 
 
+def reference_cache_option():
+    return typer.Option(None, "--reference-cache", help="folder of cached CPU eager references (default: $XDG_CACHE_HOME/assay/references)")
+
+
+def no_reference_cache_option():
+    return typer.Option(False, "--no-reference-cache", help="run the CPU eager reference every time; read and write no reference cache")
+
+
+def reference_cache_setting(folder: Optional[Path], disabled: bool) -> Optional[str]:
+    """ProbeRequest.reference_cache from the two flags: "auto", a folder, or None (no cache)."""
+    if folder is not None and disabled:
+        raise AssayError("--reference-cache and --no-reference-cache exclude each other")
+    if disabled:
+        return None
+    if folder is None:
+        return "auto"
+    if folder.exists() and not folder.is_dir():
+        raise AssayError(f"--reference-cache {folder} is not a folder")
+    return str(folder.expanduser().resolve())
+
+
 def _display_rows(rows: list[dict]) -> list[dict]:
     return [r | {"peak_memory_mb": (r["peak_memory_bytes"] or 0) / 2**20 if r.get("peak_memory_bytes") else None} for r in rows]
 
@@ -36,6 +57,8 @@ def probe_command(
     timeout: Optional[float] = typer.Option(None, help="seconds; runs the probe in its own process and records TIMEOUT past it"),
     memory_limit_gb: Optional[float] = typer.Option(None, "--memory-limit-gb", help="address-space limit for the probe's own process (OOM past it)"),
     strict: bool = typer.Option(False, help="exit 1 unless the status is PASS or SKIPPED"),
+    reference_cache: Optional[Path] = reference_cache_option(),
+    no_reference_cache: bool = no_reference_cache_option(),
     json_out: bool = json_option(),
 ):
     """Load, generate with a static cache under torch.compile, compare with CPU eager, record the row."""
@@ -46,7 +69,8 @@ def probe_command(
     if timeout is not None and timeout <= 0:
         raise AssayError("--timeout must be positive")
     limit = int(memory_limit_gb * 2**30) if memory_limit_gb else None
-    request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism)
+    request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism,
+                           reference_cache=reference_cache_setting(reference_cache, no_reference_cache))
     row = probe_and_record(request, out, timeout=timeout, memory_limit_bytes=limit)
     if json_out:
         print_json({k: v for k, v in row.items() if k not in ("run_py", "versions")})
@@ -136,18 +160,21 @@ def sweep_command(
     force: bool = typer.Option(False, help="probe again models already recorded for this stack"),
     fresh_interpreter: bool = typer.Option(False, "--fresh-interpreter", help="start each probe as a new interpreter instead of forking a pre-imported one"),
     strict: bool = typer.Option(False, help="exit 1 if any probe failed"),
+    reference_cache: Optional[Path] = reference_cache_option(),
+    no_reference_cache: bool = no_reference_cache_option(),
     json_out: bool = json_option(),
 ):
     """Probe many models, each in its own process: resumable, parallel, sharded across machines."""
     quiet_libraries()
     from assay.compat.models_list import collect_models, parse_shard, shard_models
     from assay.compat.probe import ProbeRequest
-    from assay.compat.sweep import SweepRequest, is_failure, run_sweep
+    from assay.compat.sweep import SweepRequest, is_failure, phase_summary, run_sweep
     from assay.core.output import STATUS_STYLES, print_json, print_table
 
     chosen = shard_models(collect_models(models or [], str(zoo) if zoo else None, str(list_file) if list_file else None), parse_shard(shard))
     request = SweepRequest(
-        models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens, judge=judge, reference=not no_reference),
+        models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens, judge=judge, reference=not no_reference,
+                             reference_cache=reference_cache_setting(reference_cache, no_reference_cache)),
         workers=workers, timeout=timeout, memory_limit_bytes=int(memory_limit_gb * 2**30) if memory_limit_gb else None,
         force=force, executor=executor, cache_dir=cache_dir, max_devices=max_devices, devices=devices,
         device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None, progress=not json_out,
@@ -156,11 +183,16 @@ def sweep_command(
     outcome = run_sweep(request)
     if json_out:
         print_json({"rows": [{k: v for k, v in r.items() if k not in ("run_py", "versions")} for r in outcome.rows],
-                    "skipped_existing": outcome.skipped_existing, "counts": outcome.counts(), "wall_s": outcome.wall_s})
+                    "skipped_existing": outcome.skipped_existing, "counts": outcome.counts(), "wall_s": outcome.wall_s,
+                    "phases": phase_summary(outcome.rows)})
     else:
         if outcome.rows:
             print_table(_display_rows(sorted(outcome.rows, key=lambda r: r["model"])), RESULT_COLUMNS, styles=STATUS_STYLES,
                         headers=RESULT_HEADERS, title=f"sweep: {len(outcome.rows)} probed in {outcome.wall_s:.0f} s")
+        if outcome.rows:
+            phases = phase_summary(outcome.rows)
+            typer.echo("time by phase, summed over probes (s): " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in phases.items() if k.endswith("_s"))
+                       + f"; reference cache hits {phases['reference_cache_hits']}/{len(outcome.rows)}")
         counts = ", ".join(f"{k} {v}" for k, v in sorted(outcome.counts().items())) or "nothing probed"
         typer.echo(f"{counts}; {len(outcome.skipped_existing)} already recorded for this stack (--force redoes them)")
     if strict and any(is_failure(r) for r in outcome.rows):

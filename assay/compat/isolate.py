@@ -17,20 +17,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from assay.compat.probe import ProbePlan, ProbeRequest
+from assay.compat.request import ProbePlan, request_from_json, says_out_of_memory  # noqa: F401  (request_from_json: the worker's)
 from assay.core.process import die_with_parent, limit_address_space
 
 if TYPE_CHECKING:
     from assay.compat.zygote import Zygote
 
 STDERR_TAIL = 4000
-
-
-def _says_out_of_memory(stderr_tail: str) -> bool:
-    from assay.compat.probe import OOM_MESSAGES
-
-    text = stderr_tail.lower()
-    return "memoryerror" in text or "memory allocation" in text or any(m in text for m in OOM_MESSAGES)
 
 
 def _child_setup(limit_bytes: int | None):
@@ -46,13 +39,12 @@ def run_isolated(
     timeout: float | None,
     memory_limit_bytes: int | None = None,
     env: dict | None = None,
-    command: list[str] | None = None,
     zygote: "Zygote | None" = None,
 ) -> dict:
     """Run the probe of `plan` in a child process and return its row, whatever happened to the child.
 
-    command: the child's argv before the two file arguments (default: the probe worker); tests pass a
-    script that misbehaves on purpose. zygote: fork the child from this pre-imported process instead of
+    env: added to the child's environment (ASSAY_PLUGINS there is how tests stage compilers that hang,
+    crash or hoard memory: tests/helpers/misbehaving_backends.py). zygote: fork the child from this pre-imported process instead of
     starting a fresh interpreter (a sweep's default; see zygote.py); the child is isolated the same way.
     """
     row = dict(plan.row)
@@ -62,11 +54,11 @@ def run_isolated(
         result_file = Path(scratch) / "row.json"
         stderr_file = Path(scratch) / "stderr.txt"
         request_file.write_text(json.dumps(asdict(plan.request)))
-        if zygote is not None and command is None:
+        if zygote is not None:
             pid = zygote.spawn("assay.compat.worker", [str(request_file), str(result_file)], stderr_file, env, memory_limit_bytes)
             returncode, timed_out = zygote.wait(pid, timeout)
         else:
-            argv = (command or [sys.executable, "-m", "assay.compat.worker"]) + [str(request_file), str(result_file)]
+            argv = [sys.executable, "-m", "assay.compat.worker", str(request_file), str(result_file)]
             returncode, timed_out = _run_fresh(argv, os.environ.copy() | (env or {}), stderr_file, memory_limit_bytes, timeout)
         stderr_tail = stderr_file.read_bytes().decode("utf-8", "replace")[-STDERR_TAIL:] if stderr_file.exists() else ""
         if timed_out:
@@ -76,11 +68,11 @@ def run_isolated(
         elif returncode < 0:
             name = signal.Signals(-returncode).name
             hint = " (the kernel's out-of-memory killer, or killed from outside)" if name == "SIGKILL" else ""
-            status = "OOM" if _says_out_of_memory(stderr_tail) else "CRASH"
+            status = "OOM" if says_out_of_memory(stderr_tail) else "CRASH"
             row.update(status=status, reason=f"probe process killed by {name}{hint}", error=stderr_tail or None)
         else:
             last_line = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
-            status = "OOM" if _says_out_of_memory(stderr_tail) else "CRASH"
+            status = "OOM" if says_out_of_memory(stderr_tail) else "CRASH"
             row.update(status=status, reason=f"probe process exited with code {returncode} without a result: {last_line[:300]}", error=stderr_tail or None)
     if row.get("status") in ("TIMEOUT", "CRASH", "OOM") and row.get("total_s") is None:
         row["total_s"] = time.perf_counter() - started
@@ -101,6 +93,3 @@ def _run_fresh(argv: list[str], env: dict, stderr_file: Path, memory_limit_bytes
             os.killpg(process.pid, signal.SIGKILL)
             return process.wait(), True
 
-
-def request_from_json(path: str | Path) -> ProbeRequest:
-    return ProbeRequest(**json.loads(Path(path).read_text()))

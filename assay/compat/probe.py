@@ -10,7 +10,6 @@ import json
 import platform
 import time
 import traceback
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from assay import __version__
 from assay.compat import recipe
+from assay.compat.request import DTYPES, OOM_MESSAGES, ModelRef, ProbePlan, ProbeRequest, classify_exception, one_line  # noqa: F401  (public here too)
 from assay.compat.runpy import render_run_py
 from assay.compat.schema import IMAGE_TASKS, SCHEMA_VERSION, TEXT_TASKS, empty_row
 from assay.core import compiling
@@ -30,35 +30,7 @@ from assay.core.stack import collect_stack
 from assay.models.auto import model_code_for
 
 DTYPES = DTYPE_NAMES
-# How allocators say "no memory" when they raise something other than MemoryError/OutOfMemoryError.
-OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
 ZOO_STAMP = "assay_zoo.json"
-
-
-@dataclass(frozen=True)
-class ProbeRequest:
-    model: str  # Hub id or local checkpoint folder
-    device: str = "cpu"
-    backend: str = "inductor"
-    dtype: str = "float32"
-    new_tokens: int = 32
-    task: str | None = None  # inferred from the checkpoint when None
-    skip_reason: str | None = None  # record a deliberate SKIPPED row instead of running
-    devices: int = 1  # > 1: shard the model over this many devices, in processes the probe starts
-    judge: str | None = None  # a causal LM that scores fluency (required when sharded without a reference)
-    reference: bool = True  # compare with a single-device CPU eager run (skipped only when unaffordable)
-    parallelism: str = "auto"  # sharded: "auto" (tensor where a TP plan exists, else expert), "tensor", "expert"
-
-
-@dataclass
-class ModelRef:
-    """What a MODEL argument names: where from_pretrained loads it, and how results name it."""
-
-    load_path: str
-    name: str  # the dataset's `model`: Hub id, "assay-zoo/<entry>", or an absolute path
-    config: dict = field(default_factory=dict)
-    stands_in_for: str | None = None
-    zoo_task: str | None = None
 
 
 def resolve_model(model: str) -> ModelRef:
@@ -95,44 +67,6 @@ def infer_task(ref: ModelRef, override: str | None) -> str:
     if not ref.config:  # a Hub id: from_pretrained decides; the common case is a causal LM
         return "text-generation"
     return f"unsupported ({', '.join(architectures) or ref.config.get('model_type', 'unknown')})"
-
-
-def classify_exception(exc: BaseException, phase: str) -> str:
-    """Map an exception to a status. phase: "load", "compile" (first compiled call) or "run"."""
-    import torch._dynamo.exc as dynamo_exc
-
-    # Compilers wrap what they hit (BackendCompilerFailed around a MemoryError): look down the chain.
-    chain, cause = [], exc
-    while cause is not None and len(chain) < 10:
-        chain.append(cause)
-        cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
-    for link in chain:
-        message = str(link).lower()
-        if isinstance(link, (torch.OutOfMemoryError, MemoryError)) or any(m in message for m in OOM_MESSAGES):
-            return "OOM"
-    if phase == "load":
-        return "FAIL_LOAD"
-    compile_errors = (dynamo_exc.BackendCompilerFailed, dynamo_exc.Unsupported, dynamo_exc.InternalTorchDynamoError)
-    if isinstance(exc, compile_errors) or type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
-        return "FAIL_COMPILE"
-    return "FAIL_RUN"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:400] if text else ''}".rstrip(": ")
-
-
-@dataclass
-class ProbePlan:
-    """A checked request: what will be loaded, where, and the row it will fill in."""
-
-    request: ProbeRequest
-    ref: ModelRef
-    task: str
-    device: torch.device
-    backend: str
-    row: dict
 
 
 def plan_probe(request: ProbeRequest) -> ProbePlan:
@@ -253,7 +187,7 @@ def execute(plan: ProbePlan) -> dict:
             row["cache_kind"] = recipe.cache_kind(model)
             row["prompt_tokens"] = int(inputs["input_ids"].shape[1])
         except Exception as exc:  # any failure to load is a result, not a crash
-            return finish(classify_exception(exc, "load"), _one_line(exc), traceback.format_exc())
+            return finish(classify_exception(exc, "load"), one_line(exc), traceback.format_exc())
 
         # 2. compiled generation: the first call compiles, the second measures warm decoding.
         # Forget what earlier probes in this process compiled: dynamo keys its cache on code objects
@@ -261,6 +195,7 @@ def execute(plan: ProbePlan) -> dict:
         # models eager.
         compiling.reset()
         config = recipe.compile_config(counting_backend(backend, stats))
+        dynamo_before = _dynamo_seconds()
         try:
             with watch(stats):
                 compile_start = time.perf_counter()
@@ -268,15 +203,17 @@ def execute(plan: ProbePlan) -> dict:
                 row["compile_s"] = time.perf_counter() - compile_start
         except Exception as exc:
             _record_compile_stats(row, stats)
-            return finish(classify_exception(exc, "compile"), _one_line(exc), traceback.format_exc())
+            return finish(classify_exception(exc, "compile"), one_line(exc), traceback.format_exc())
+        _record_compile_phases(row, dynamo_before)
         try:
             with watch(stats):
                 decode_start = time.perf_counter()
                 recipe.generate(model, inputs, request.new_tokens, config)
-                row["decode_tokens_per_s"] = request.new_tokens / (time.perf_counter() - decode_start)
+                row["generate_s"] = time.perf_counter() - decode_start
+                row["decode_tokens_per_s"] = request.new_tokens / row["generate_s"]
         except Exception as exc:
             _record_compile_stats(row, stats)
-            return finish(classify_exception(exc, "run"), _one_line(exc), traceback.format_exc())
+            return finish(classify_exception(exc, "run"), one_line(exc), traceback.format_exc())
     row["peak_memory_bytes"] = meter.peak_bytes
     row["memory_kind"] = meter.kind
     row["generated_tokens"] = tokens
@@ -286,27 +223,59 @@ def execute(plan: ProbePlan) -> dict:
         # Equal tokens would then say nothing about the compiler.
         return finish("FAIL_COMPILE", f"torch.compile(backend={backend!r}) compiled no graph: the model ran eager")
 
-    # 3. the reference: CPU eager, same checkpoint and dtype (the same model object when already on CPU)
+    # 3. the reference: CPU eager, same checkpoint and dtype. From the reference cache when it holds this
+    # run; else on the model object already loaded when the device under test is the CPU (one load serves
+    # both runs: the compiled run changes no weight, and generate(disable_compile=True) runs it eager).
     try:
-        reference_model = model if device.type == "cpu" else recipe.load_model(ref.load_path, task, "cpu", request.dtype)
-        reference_inputs = inputs if device.type == "cpu" else recipe.make_inputs(ref.load_path, task, "cpu")
-        reference, top5 = recipe.generate(reference_model, reference_inputs, request.new_tokens, None, output_scores=True)
+        reference = run_reference(plan, row, model if device.type == "cpu" else None, inputs if device.type == "cpu" else None)
     except Exception as exc:
-        return finish(classify_exception(exc, "run"), f"CPU eager reference failed: {_one_line(exc)}", traceback.format_exc())
-    row["reference_tokens"] = reference
+        return finish(classify_exception(exc, "run"), f"CPU eager reference failed: {one_line(exc)}", traceback.format_exc())
+    status, reason = compare_with_reference(row, tokens, reference)
+    return finish(status, reason)
 
-    mismatch = compare_tokens(tokens, reference, top5)
+
+def run_reference(plan: ProbePlan, row: dict, model=None, inputs=None) -> tuple[list[int], list[list[int]]]:
+    """The CPU eager reference: (tokens, top-5 token ids per step), from the reference cache or run here.
+
+    `model`/`inputs`: already loaded on the CPU. Fills the row's reference_s and reference_cache_hit
+    (None when no cache was consulted: disabled, or a Hub id that cannot be keyed by content).
+    """
+    start = time.perf_counter()
+    cache, key = None, None
+    if plan.request.reference_cache is not None:
+        from assay.compat.reference_cache import ReferenceCache, default_root, reference_key
+
+        cache = ReferenceCache(default_root() if plan.request.reference_cache == "auto" else plan.request.reference_cache)
+        key = reference_key(plan)
+    if key is not None:
+        cached = cache.load(key, plan.request.new_tokens)
+        row["reference_cache_hit"] = cached is not None
+        if cached is not None:
+            row["reference_s"] = time.perf_counter() - start
+            return cached
+    if model is None:
+        model = recipe.load_model(plan.ref.load_path, plan.task, "cpu", plan.request.dtype)
+        inputs = recipe.make_inputs(plan.ref.load_path, plan.task, "cpu")
+    tokens, top5 = recipe.generate(model, inputs, plan.request.new_tokens, None, output_scores=True)
+    if key is not None:
+        cache.store(key, tokens, top5, plan.ref.name)
+    row["reference_s"] = time.perf_counter() - start
+    return tokens, top5
+
+
+def compare_with_reference(row: dict, tokens: list[int], reference: tuple[list[int], list[list[int]]], what: str = "CPU eager") -> tuple[str, str]:
+    """The one token comparison: fills the reference and mismatch columns, returns (status, reason)."""
+    reference_tokens, top5 = reference
+    row["reference_tokens"] = reference_tokens
+    mismatch = compare_tokens(tokens, reference_tokens, top5)
     if mismatch is None:
-        return finish("PASS", f"{len(tokens)} greedy tokens equal the CPU eager reference")
+        return "PASS", f"{len(tokens)} greedy tokens equal the {what} reference"
     row.update(
         first_mismatch=mismatch.position, mismatch_expected=mismatch.expected, mismatch_actual=mismatch.actual,
         mismatch_in_top5=mismatch.actual_in_reference_top5,
     )
     verdict = "in the reference's top-5 (numerical drift)" if mismatch.actual_in_reference_top5 else "not in the reference's top-5 (garbage)"
-    return finish(
-        "FAIL_ACCURACY",
-        f"token {mismatch.position} differs: device {mismatch.actual}, reference {mismatch.expected}; device token {verdict}",
-    )
+    return "FAIL_ACCURACY", f"token {mismatch.position} differs: device {mismatch.actual}, reference {mismatch.expected}; device token {verdict}"
 
 
 def _execute_sharded(plan: ProbePlan, row: dict, finish) -> dict:
@@ -340,19 +309,27 @@ def _execute_sharded(plan: ProbePlan, row: dict, finish) -> dict:
         notes.append(verdict.reason)
     where = f"sharded over {request.devices} ({row['parallelism']} parallel)"
     if request.reference:
-        reference_model = recipe.load_model(plan.ref.load_path, plan.task, "cpu", request.dtype)
-        reference_inputs = recipe.make_inputs(plan.ref.load_path, plan.task, "cpu")
-        reference, top5 = recipe.generate(reference_model, reference_inputs, request.new_tokens, None, output_scores=True)
-        row["reference_tokens"] = reference
-        mismatch = compare_tokens(tokens, reference, top5)
-        if mismatch is not None:
-            row.update(first_mismatch=mismatch.position, mismatch_expected=mismatch.expected, mismatch_actual=mismatch.actual,
-                       mismatch_in_top5=mismatch.actual_in_reference_top5)
-            return finish("FAIL_ACCURACY", f"{where}: token {mismatch.position} differs from the single-device reference; " + "; ".join(notes))
-        return finish("PASS", f"{where}: {len(tokens)} greedy tokens equal the single-device CPU eager reference" + "".join(f"; {n}" for n in notes))
+        status, reason = compare_with_reference(row, tokens, run_reference(plan, row), what="single-device CPU eager")
+        return finish(status, f"{where}: {reason}" + "".join(f"; {n}" for n in notes))
     if verdict is not None and not verdict.fluent:
         return finish("FAIL_ACCURACY", f"{where}: {verdict.reason}")
     return finish("PASS", f"{where}: {verdict.reason}")
+
+
+def _dynamo_seconds() -> tuple[float, float]:
+    """(dynamo's frame compiles, the backend compiler's part of them) so far in this process, in seconds."""
+    from torch._dynamo.utils import compilation_time_metrics as metrics
+
+    return sum(metrics.get("_compile.compile_inner", ())), sum(metrics.get("OutputGraph.call_user_compiler", ()))
+
+
+def _record_compile_phases(row: dict, before: tuple[float, float]) -> None:
+    """Split the first compiled generate (compile_s) into dynamo tracing, the backend compiler, and the
+    rest: running the first call itself (guards, eager prefill parts, the generated code's first run)."""
+    total, backend = (after - was for after, was in zip(_dynamo_seconds(), before))
+    row["trace_s"] = total - backend
+    row["backend_compile_s"] = backend
+    row["first_call_s"] = max(row["compile_s"] - total, 0.0)
 
 
 def _record_compile_stats(row: dict, stats: CompileStats) -> None:

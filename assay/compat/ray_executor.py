@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from assay.compat.probe import ProbePlan
+from assay.compat.request import ProbePlan
 from assay.core.errors import AssayError
 
 RESOURCE_NAME = {"cuda": "num_gpus"}  # other accelerators are custom resources named after the device type

@@ -8,23 +8,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-# 2: cache_kind and model_code (a fixed-state model's rows say so; run.py may import assay for its model code).
-SCHEMA_VERSION = 2
+from assay.compat.request import FAILURES, STATUSES  # noqa: F401  (defined with the request; re-exported)
 
-# Statuses and what they mean. SKIPPED is deliberate and never a failure; "not tested" is not a
-# status at all (the model has no row).
-STATUSES = {
-    "PASS": "generated the tokens the reference generated (or, sharded, the judge found the text fluent)",
-    "FAIL_ACCURACY": "ran, but the tokens differ from the reference (first mismatch recorded)",
-    "FAIL_LOAD": "from_pretrained failed (missing or corrupt weights, unknown architecture, ...)",
-    "FAIL_COMPILE": "torch.compile failed (dynamo or the backend compiler raised)",
-    "FAIL_RUN": "compiled, but running the model raised",
-    "OOM": "the device or host ran out of memory",
-    "TIMEOUT": "killed after the time limit",
-    "CRASH": "the probe process died (signal, segfault) without reporting",
-    "SKIPPED": "deliberately not run (reason recorded); not a failure",
-}
-FAILURES = tuple(s for s in STATUSES if s.startswith("FAIL") or s in ("OOM", "TIMEOUT", "CRASH"))
+SCHEMA_VERSION = 3  # 2: cache_kind and model_code; 3: reference cache and per-phase times (reference_cache_hit, reference_s, trace_s, ...)
 
 SCHEMA = pa.schema(
     [
@@ -68,6 +54,13 @@ SCHEMA = pa.schema(
         pa.field("compile_s", pa.float64()),  # first compiled generate: compilation + one generation
         pa.field("decode_tokens_per_s", pa.float64()),  # second compiled generate, graphs warm
         pa.field("total_s", pa.float64()),  # wall time of the whole probe, compilation included
+        # per-phase times (schema 2): where a probe's wall time goes (docs/dataset.md, "Phases")
+        pa.field("reference_s", pa.float64()),  # CPU eager reference, or its reference-cache lookup on a hit
+        pa.field("trace_s", pa.float64()),  # dynamo tracing within the first compiled generate
+        pa.field("backend_compile_s", pa.float64()),  # the backend compiler (inductor: incl. its cache loads)
+        pa.field("first_call_s", pa.float64()),  # compile_s less trace_s and backend_compile_s: running the first call
+        pa.field("generate_s", pa.float64()),  # the measured (second) compiled generate
+        pa.field("compile_cache_io_s", pa.float64()),  # sweep --cache-dir: loading and saving the portable compile cache
         pa.field("peak_memory_bytes", pa.int64()),
         pa.field("memory_kind", pa.string()),  # "host_rss" on CPU, "<type>_allocated" on devices
         # compilation
@@ -75,6 +68,7 @@ SCHEMA = pa.schema(
         pa.field("graph_breaks", pa.int32()),
         pa.field("recompiles", pa.int32()),
         pa.field("compile_cache_hit", pa.bool_()),
+        pa.field("reference_cache_hit", pa.bool_()),  # schema 2: reference from the reference cache; null: no cache consulted
         # provenance
         pa.field("started_at", pa.string()),  # ISO 8601, UTC
         pa.field("host", pa.string()),

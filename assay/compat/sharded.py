@@ -28,7 +28,7 @@ def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallel
     """Runs on every rank; rank 0's dict is the report."""
     import torch.distributed as dist
 
-    from assay.compat.probe import _one_line, classify_exception
+    from assay.compat.request import classify_exception, one_line
     from assay.core.compiling import CompileStats, counting_backend, watch
     from assay.core.device import PeakMemory
 
@@ -38,7 +38,7 @@ def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallel
     stats = CompileStats()
 
     def fail(phase: str, exc: BaseException) -> None:
-        report["failure"] = (classify_exception(exc, phase), f"rank {rank}: {_one_line(exc)}", traceback.format_exc())
+        report["failure"] = (classify_exception(exc, phase), f"rank {rank}: {one_line(exc)}", traceback.format_exc())
 
     with PeakMemory(device) as meter:
         try:

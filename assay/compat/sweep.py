@@ -15,7 +15,8 @@ from pathlib import Path
 from assay.compat.dataset import init_results, recorded_keys, write_row
 from assay.compat.isolate import run_isolated
 from assay.compat.placement import DevicePool, child_env, devices_needed
-from assay.compat.probe import ProbePlan, ProbeRequest, plan_probe
+from assay.compat.probe import plan_probe
+from assay.compat.request import ProbePlan, ProbeRequest
 from assay.compat.schema import FAILURES, ROW_KEY
 from assay.core.device import device_count, resolve_device, total_memory_bytes
 from assay.core.errors import AssayError
@@ -154,6 +155,17 @@ def _run_sweep(request: SweepRequest, started: float, cache: dict, zygote) -> Sw
         else:
             raise AssayError(f"unknown executor {request.executor!r} (local or ray)")
     return SweepOutcome(rows, already, time.perf_counter() - started)
+
+
+# A probe's phases in order (docs/dataset.md, "Phases"); compile_s is trace_s + backend_compile_s + first_call_s.
+PHASES = ("load_s", "reference_s", "trace_s", "backend_compile_s", "first_call_s", "generate_s", "compile_cache_io_s", "total_s")
+
+
+def phase_summary(rows: list[dict]) -> dict:
+    """Each phase's seconds summed over the rows (missing: 0), and how many references the cache served."""
+    summary: dict = {phase: sum(row.get(phase) or 0.0 for row in rows) for phase in PHASES}
+    summary["reference_cache_hits"] = sum(bool(row.get("reference_cache_hit")) for row in rows)
+    return summary
 
 
 def is_failure(row: dict) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 
 def main(argv: list[str]) -> int:
@@ -12,7 +13,7 @@ def main(argv: list[str]) -> int:
     from assay.core.plugins import load_plugins
 
     load_plugins()
-    from assay.compat.isolate import request_from_json
+    from assay.compat.request import request_from_json
     from assay.compat.probe import probe
     from assay.core.files import atomic_write_json
 
@@ -23,11 +24,18 @@ def main(argv: list[str]) -> int:
     # A sweep with a compile-cache folder: reuse this model's portable artifacts, then save them anew.
     cache_dir = cache_dir_from_env()
     cache_key = f"{request.model}|{request.backend}|{request.dtype}|{request.device}"
+    cache_io = 0.0
     if cache_dir is not None:
+        start = time.perf_counter()
         load_mega_cache(cache_dir, cache_key)
+        cache_io = time.perf_counter() - start
     row = probe(request)
     if cache_dir is not None and row.get("graphs"):
+        start = time.perf_counter()
         save_mega_cache(cache_dir, cache_key)
+        cache_io += time.perf_counter() - start
+    if cache_dir is not None:
+        row["compile_cache_io_s"] = cache_io
     atomic_write_json(row_path, row)
     return 0
 

@@ -43,7 +43,23 @@ PRELOAD = (
     "torch._inductor.codecache",
     "transformers",
     "transformers.generation.utils",
+    # What the first from_pretrained and tokenizer load of a process import lazily (modeling_utils, the
+    # auto classes, quantizer and loss registries, torch.distributed.checkpoint): measured 1.6 s of a
+    # tiny model's first load in a forked child, 0.5 s once these come with the zygote (docs in README).
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.models.auto.processing_auto",
+    "transformers.quantizers.auto",
+    "transformers.core_model_loading",
+    "transformers.processing_utils",
+    "transformers.loss.loss_utils",
+    "transformers.integrations.sdpa_attention",
+    "transformers.integrations.flex_attention",
+    "torch.distributed.checkpoint",
+    "huggingface_hub.serialization",
     "assay.compat.probe",
+    "assay.compat.reference_cache",
     "assay.compat.recipe",
     "assay.compat.worker",
     "assay.core.compile_cache",

@@ -1,0 +1,114 @@
+"""The probe's bottom layer: what a probe is asked to do, what it can answer, and how a failure is named.
+
+probe.py, isolate.py (the probe in its own process), sharded.py (the probe over several devices),
+sweep.py and the Ray executor all import from here and from nothing above it, so imports run one way:
+sweep -> isolate -> request, probe -> sharded -> request. Only torch (lazily) and the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+# Statuses and what they mean. SKIPPED is deliberate and never a failure; "not tested" is not a
+# status at all (the model has no row). The dataset's schema (schema.py) re-exports them.
+STATUSES = {
+    "PASS": "generated the tokens the reference generated (or, sharded, the judge found the text fluent)",
+    "FAIL_ACCURACY": "ran, but the tokens differ from the reference (first mismatch recorded)",
+    "FAIL_LOAD": "from_pretrained failed (missing or corrupt weights, unknown architecture, ...)",
+    "FAIL_COMPILE": "torch.compile failed (dynamo or the backend compiler raised)",
+    "FAIL_RUN": "compiled, but running the model raised",
+    "OOM": "the device or host ran out of memory",
+    "TIMEOUT": "killed after the time limit",
+    "CRASH": "the probe process died (signal, segfault) without reporting",
+    "SKIPPED": "deliberately not run (reason recorded); not a failure",
+}
+FAILURES = tuple(s for s in STATUSES if s.startswith("FAIL") or s in ("OOM", "TIMEOUT", "CRASH"))
+
+DTYPES = ("float32", "bfloat16", "float16")
+# How allocators say "no memory" when they raise something other than MemoryError/OutOfMemoryError.
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    model: str  # Hub id or local checkpoint folder
+    device: str = "cpu"
+    backend: str = "inductor"
+    dtype: str = "float32"
+    new_tokens: int = 32
+    task: str | None = None  # inferred from the checkpoint when None
+    skip_reason: str | None = None  # record a deliberate SKIPPED row instead of running
+    devices: int = 1  # > 1: shard the model over this many devices, in processes the probe starts
+    judge: str | None = None  # a causal LM that scores fluency (required when sharded without a reference)
+    reference: bool = True  # compare with a single-device CPU eager run (skipped only when unaffordable)
+    parallelism: str = "auto"  # sharded: "auto" (tensor where a TP plan exists, else expert), "tensor", "expert"
+    # Where CPU eager references are cached (reference_cache.py): "auto" = $XDG_CACHE_HOME/assay/references
+    # (~/.cache/...) as the probe process sees it, a folder, or None for no cache.
+    reference_cache: str | None = "auto"
+
+
+@dataclass
+class ModelRef:
+    """What a MODEL argument names: where from_pretrained loads it, and how results name it."""
+
+    load_path: str
+    name: str  # the dataset's `model`: Hub id, "assay-zoo/<entry>", or an absolute path
+    config: dict = field(default_factory=dict)
+    stands_in_for: str | None = None
+    zoo_task: str | None = None
+
+
+@dataclass
+class ProbePlan:
+    """A checked request: what will be loaded, where, and the row it will fill in."""
+
+    request: ProbeRequest
+    ref: ModelRef
+    task: str
+    device: "torch.device"
+    backend: str
+    row: dict
+
+
+def request_from_json(path: str | Path) -> ProbeRequest:
+    return ProbeRequest(**json.loads(Path(path).read_text()))
+
+
+def says_out_of_memory(text: str) -> bool:
+    """Whether a dead process's stderr says it ran out of memory."""
+    text = text.lower()
+    return "memoryerror" in text or "memory allocation" in text or any(m in text for m in OOM_MESSAGES)
+
+
+def classify_exception(exc: BaseException, phase: str) -> str:
+    """Map an exception to a status. phase: "load", "compile" (first compiled call) or "run"."""
+    import torch
+    import torch._dynamo.exc as dynamo_exc
+
+    # Compilers wrap what they hit (BackendCompilerFailed around a MemoryError): look down the chain.
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
+    for link in chain:
+        message = str(link).lower()
+        if isinstance(link, (torch.OutOfMemoryError, MemoryError)) or any(m in message for m in OOM_MESSAGES):
+            return "OOM"
+    if phase == "load":
+        return "FAIL_LOAD"
+    compile_errors = (dynamo_exc.BackendCompilerFailed, dynamo_exc.Unsupported, dynamo_exc.InternalTorchDynamoError)
+    if isinstance(exc, compile_errors) or type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+        return "FAIL_COMPILE"
+    return "FAIL_RUN"
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as the row's one-line reason."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:400] if text else ''}".rstrip(": ")
