@@ -43,7 +43,7 @@ def inspect_checkpoint(path: str | os.PathLike, *, weights: bool = True, tokeniz
     weights (checked only when `weights`: a random-init run needs none)."""
     folder = Path(path).expanduser()
     if not folder.exists():
-        raise AssayError(f"{path} is not a checkpoint (no such folder)")
+        raise AssayError(f"no checkpoint at {path}: not a file or folder")
     if not folder.is_dir() or not (folder / CONFIG_FILE).is_file():
         raise AssayError(f"{path} is not a checkpoint (expected a folder with {CONFIG_FILE})")
     if tokenizer and not any((folder / name).is_file() for name in TOKENIZER_FILES):
