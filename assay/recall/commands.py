@@ -94,16 +94,17 @@ def register(app: typer.Typer) -> None:
         from assay.core.output import print_json, print_table
         from assay.recall.needle import NeedleRequest, run_needle
         from assay.recall.models import LAYOUT_FILE
+        from assay.recall.needle import _validate
         from assay.recall.report import plot_needle
 
+        request = NeedleRequest(model=model, lengths=_ints("--lengths", lengths), depths=_floats("--depths", depths), trials=trials,
+                                format=fmt, device=device, seed=seed, progress=not json_out)
+        _validate(request)  # the flags first, then the checkpoint: both before any model loads
         # Text prompts need the checkpoint's tokenizer; token prompts (a `recall train` checkpoint,
         # which has recall.json) do not.
         tokens = fmt == "tokens" or (fmt == "auto" and (Path(model) / LAYOUT_FILE).is_file())
         check_checkpoint(model, tokenizer=not tokens)
         check_output_file("--plot", plot)
-
-        request = NeedleRequest(model=model, lengths=_ints("--lengths", lengths), depths=_floats("--depths", depths), trials=trials,
-                                format=fmt, device=device, seed=seed, progress=not json_out)
         result = run_needle(request)
         png = plot_needle(result.as_dict(), plot) if plot else None
         if json_out:
