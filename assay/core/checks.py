@@ -124,11 +124,7 @@ def check_output_file(flag: str, path: str | os.PathLike | None) -> None:
     target = Path(path)
     if target.is_dir():
         raise AssayError(f"{flag} {path} is a folder; name a file to write")
-    parent = _existing_ancestor(target.parent)
-    if not parent.is_dir():
-        raise AssayError(f"{flag} {path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK):
-        raise AssayError(f"{flag} {path}: {parent} is not writable")
+    _check_creatable(flag, path, target.parent)
 
 
 def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
@@ -138,7 +134,12 @@ def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise AssayError(f"{flag} {path} is a file, not a folder")
-    parent = _existing_ancestor(target)
+    _check_creatable(flag, path, target)
+
+
+def _check_creatable(flag: str, path, folder: Path) -> None:
+    """`folder` exists as a writable folder, or its nearest existing ancestor is one (mkdir will work)."""
+    parent = _existing_ancestor(folder)
     if not parent.is_dir():
         raise AssayError(f"{flag} {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
