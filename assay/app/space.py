@@ -9,7 +9,9 @@ matplotlib. app.py puts its own folder first on sys.path, so the copy wins over 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import assay
 from assay.app.catalog import Catalog, save_catalog
 from assay.compat.dataset import MARKER, check_results
+from assay.core.checks import check_output_folder
 from assay.core.errors import AssayError
 from assay.core.files import atomic_path, atomic_write_text
 
@@ -101,6 +104,7 @@ def _requirement(name: str) -> str:
 def check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise AssayError(f"{out} exists and is not a folder")
+    check_output_folder("OUT", out)
     if out.is_dir() and any(out.iterdir()) and not (out / SPACE_STAMP).exists():
         raise AssayError(f"{out} is not empty and was not written by assay export-space: choose a new or empty folder")
 
@@ -111,19 +115,44 @@ def _copy(source: Path, target: Path) -> None:
 
 
 def export_space(out: str | Path, results: str | Path, catalog: Catalog, title: str = "assay results") -> SpaceExport:
+    """Write the Space into a staging folder beside `out`, then swap it in: an export that fails (a
+    damaged results file, a full disk) leaves no folder, or the previous export untouched, never a
+    half-written one that carries the marker a rerun trusts."""
+    results = check_results(results)  # reads every stack file's footer: a damaged one stops us here
+    out = Path(out)
+    check_out(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".staging", dir=out.parent))
+    try:
+        export = _write_space(staging, results, catalog, title)
+        _swap_in(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return SpaceExport(out, export.files, export.stacks, export.rows)
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """Replace `out` (absent, empty, or a previous export) with the finished staging folder."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    retired = out.with_name(f".{out.name}.{os.getpid()}.old")
+    out.rename(retired)
+    try:
+        staging.rename(out)
+    except OSError:
+        retired.rename(out)  # put the previous export back
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _write_space(out: Path, results: Path, catalog: Catalog, title: str) -> SpaceExport:
     from assay.compat.dataset import connect
     from assay.compat.schema import SCHEMA_VERSION
 
-    results = check_results(results)
-    out = Path(out)
-    check_out(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / SPACE_STAMP, "written by assay export-space\n")
     written: list[str] = []
-
     package = Path(assay.__file__).resolve().parent
-    # Start the vendored package afresh: a module dropped from VENDORED_MODULES must not linger.
-    shutil.rmtree(out / "assay", ignore_errors=True)
     for relative in VENDORED_MODULES:
         _copy(package / relative, out / "assay" / relative)
         written.append(f"assay/{relative}")
@@ -136,8 +165,6 @@ def export_space(out: str | Path, results: str | Path, catalog: Catalog, title: 
     data = out / DATA
     data.mkdir(exist_ok=True)
     sources = sorted(results.glob("*.parquet"))
-    for stale in set(p.name for p in data.glob("*.parquet")) - {p.name for p in sources}:
-        (data / stale).unlink()
     for source in [*sources, results / MARKER]:
         if source.exists():
             _copy(source, data / source.name)
@@ -154,6 +181,8 @@ def export_space(out: str | Path, results: str | Path, catalog: Catalog, title: 
         schema_version=SCHEMA_VERSION, catalog_source=catalog.source, assay_version=assay.__version__,
     ))
     written += ["app.py", "requirements.txt", "README.md"]
+    # The marker last: only a complete export carries it.
+    atomic_write_text(out / SPACE_STAMP, "written by assay export-space\n")
     return SpaceExport(out, written, len(sources), rows)
 
 

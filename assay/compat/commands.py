@@ -10,6 +10,7 @@ import typer
 
 from assay.core.cli import backend_option, device_option, dtype_option, json_option, quiet_libraries
 from assay.core.errors import AssayError
+from assay.core.values import at_least, positive
 
 RESULT_COLUMNS = ["model", "status", "dtype", "load_s", "compile_s", "decode_tokens_per_s", "total_s", "peak_memory_mb", "graphs", "graph_breaks", "recompiles", "reason"]
 RESULT_HEADERS = {"decode_tokens_per_s": "tok/s", "peak_memory_mb": "peak MB", "graph_breaks": "breaks", "compile_s": "compile_s*"}
@@ -37,6 +38,10 @@ def reference_cache_setting(folder: Optional[Path], disabled: bool) -> Optional[
     return str(folder.expanduser().resolve())
 
 
+def _gib(value: Optional[float]) -> Optional[int]:
+    return int(value * 2**30) if value is not None else None
+
+
 def _display_rows(rows: list[dict]) -> list[dict]:
     return [r | {"peak_memory_mb": (r["peak_memory_bytes"] or 0) / 2**20 if r.get("peak_memory_bytes") else None} for r in rows]
 
@@ -62,13 +67,16 @@ def probe_command(
     json_out: bool = json_option(),
 ):
     """Load, generate with a static cache under torch.compile, compare with CPU eager, record the row."""
+    # Flags first: bad input fails here, before torch is imported and before --out exists.
+    at_least("--new-tokens", new_tokens, 1)
+    at_least("--devices", devices, 1)
+    positive("--timeout", timeout)
+    positive("--memory-limit-gb", memory_limit_gb)
     quiet_libraries()
     from assay.compat.probe import ProbeRequest, probe_and_record
     from assay.core.output import STATUS_STYLES, print_json, print_table
 
-    if timeout is not None and timeout <= 0:
-        raise AssayError("--timeout must be positive")
-    limit = int(memory_limit_gb * 2**30) if memory_limit_gb else None
+    limit = _gib(memory_limit_gb)
     request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism,
                            reference_cache=reference_cache_setting(reference_cache, no_reference_cache))
     row = probe_and_record(request, out, timeout=timeout, memory_limit_bytes=limit)
@@ -165,21 +173,24 @@ def sweep_command(
     json_out: bool = json_option(),
 ):
     """Probe many models, each in its own process: resumable, parallel, sharded across machines."""
+    positive("--memory-limit-gb", memory_limit_gb)
+    positive("--device-memory-gb", device_memory_gb)
     quiet_libraries()
     from assay.compat.models_list import collect_models, parse_shard, shard_models
     from assay.compat.probe import ProbeRequest
-    from assay.compat.sweep import SweepRequest, is_failure, phase_summary, run_sweep
+    from assay.compat.sweep import SweepRequest, check_sweep_request, is_failure, phase_summary, run_sweep
     from assay.core.output import STATUS_STYLES, print_json, print_table
 
     chosen = shard_models(collect_models(models or [], str(zoo) if zoo else None, str(list_file) if list_file else None), parse_shard(shard))
     request = SweepRequest(
         models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens, judge=judge, reference=not no_reference,
                              reference_cache=reference_cache_setting(reference_cache, no_reference_cache)),
-        workers=workers, timeout=timeout, memory_limit_bytes=int(memory_limit_gb * 2**30) if memory_limit_gb else None,
+        workers=workers, timeout=timeout, memory_limit_bytes=_gib(memory_limit_gb),
         force=force, executor=executor, cache_dir=cache_dir, max_devices=max_devices, devices=devices,
-        device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None, progress=not json_out,
+        device_memory_bytes=_gib(device_memory_gb), progress=not json_out,
         fresh_interpreter=fresh_interpreter,
     )
+    check_sweep_request(request)  # every flag, before the zygote, the progress display or --out
     outcome = run_sweep(request)
     if json_out:
         print_json({"rows": [{k: v for k, v in r.items() if k not in ("run_py", "versions")} for r in outcome.rows],
@@ -205,9 +216,10 @@ def merge_command(
     json_out: bool = json_option(),
 ):
     """Merge result folders: rows of the same stack combined, one per model (the latest probe wins)."""
-    from assay.compat.dataset import merge_results
+    from assay.compat.dataset import check_results_target, merge_results
     from assay.core.output import print_json, print_table
 
+    check_results_target(out)
     per_stack = merge_results(out, sources)
     if json_out:
         print_json(per_stack)

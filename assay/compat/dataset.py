@@ -27,10 +27,19 @@ def stack_file(folder: Path, stack_id: str) -> Path:
     return Path(folder) / f"{stack_id}.parquet"
 
 
-def init_results(folder: str | Path) -> Path:
+def check_results_target(folder: str | Path) -> Path:
+    """A folder results will be written into, checked before any work: not a file, and every stack file
+    already in it readable (a write must read its stack's file, and would fail after the probe)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise AssayError(f"{folder} is not a folder")
+    if folder.is_dir():
+        check_stack_files(folder)
+    return folder
+
+
+def init_results(folder: str | Path) -> Path:
+    folder = check_results_target(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / MARKER).exists():
         atomic_write_json(folder / MARKER, {"kind": "assay results", "schema_version": SCHEMA_VERSION})
@@ -44,7 +53,25 @@ def check_results(folder: str | Path) -> Path:
         raise AssayError(f"{folder} is not a results folder (it does not exist or is not a folder)")
     if not (folder / MARKER).exists() and not any(folder.glob("*.parquet")):
         raise AssayError(f"{folder} is not a results folder (no {MARKER} and no .parquet files)")
+    check_stack_files(folder)
     return folder
+
+
+def check_stack_files(folder: Path) -> list[Path]:
+    """The one gate every reader of a results folder passes: each stack file's Parquet footer is read
+    (cheap: metadata only), so a damaged file is named in one line instead of a reader's traceback."""
+    files = sorted(folder.glob("*.parquet"))
+    for path in files:
+        try:
+            pq.read_schema(path)
+        except (pa.ArrowException, OSError) as error:
+            raise _unreadable(path, error) from None
+    return files
+
+
+def _unreadable(path: Path, error: BaseException) -> AssayError:
+    detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return AssayError(f"{path} is not a readable results file ({detail}); move it out of the results folder")
 
 
 @contextlib.contextmanager
@@ -68,7 +95,10 @@ def _normalise(row: dict) -> dict:
 def read_stack_rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as error:
+        raise _unreadable(path, error) from None
     rows = table.to_pylist()
     return [{name: row.get(name) for name in COLUMNS} for row in rows]
 
@@ -133,6 +163,8 @@ def query(
     columns: list[str] | None = None,
 ) -> list[dict]:
     """Rows matching the filters; `columns` selects fewer columns (run.py and tokens are large)."""
+    import duckdb
+
     connection = connect(folder)
     clauses, params = [], []
     if stack:
@@ -146,7 +178,11 @@ def query(
         params.append(f"%{model.lower()}%")
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     selected = ", ".join(f'"{c}"' for c in columns if c in COLUMNS) if columns else "*"
-    cursor = connection.execute(f"SELECT {selected} FROM results {where} ORDER BY stack_id, model", params)
+    try:
+        cursor = connection.execute(f"SELECT {selected} FROM results {where} ORDER BY stack_id, model", params)
+    except duckdb.Error as error:  # a file whose footer reads but whose pages do not
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise AssayError(f"cannot read the results in {folder}: {detail}") from None
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, values)) for values in cursor.fetchall()]
 

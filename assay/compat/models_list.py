@@ -13,6 +13,8 @@ def models_from_zoo(folder: str | Path) -> list[str]:
     from assay.zoo import CATALOG_FILE
 
     catalog = Path(folder) / CATALOG_FILE
+    if not Path(folder).is_dir():
+        raise AssayError(f"--zoo {folder} is not a folder (it does not exist or is a file)")
     if not catalog.is_file():
         raise AssayError(f"{folder} is not a zoo folder (no {CATALOG_FILE}; build one with `assay zoo build {folder}`)")
     entries = json.loads(catalog.read_text())["entries"]
@@ -20,9 +22,10 @@ def models_from_zoo(folder: str | Path) -> list[str]:
 
 
 def models_from_list(path: str | Path) -> list[str]:
+    from assay.core.checks import check_input_file
+
     path = Path(path)
-    if not path.is_file():
-        raise AssayError(f"model list {path} does not exist")
+    check_input_file("--list", path)
     models = []
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()

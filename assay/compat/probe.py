@@ -6,7 +6,6 @@ torch.compile, compare with a CPU eager run of the same checkpoint, record one d
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 import traceback
@@ -29,25 +28,20 @@ from assay.core.numerics import compare_tokens
 from assay.core.stack import collect_stack
 from assay.models.auto import model_code_for
 
-DTYPES = DTYPE_NAMES
-ZOO_STAMP = "assay_zoo.json"
-
-
 def resolve_model(model: str) -> ModelRef:
-    """A local folder must be a checkpoint; anything else that looks like `org/name` is a Hub id."""
+    """A local folder must be a checkpoint with a tokenizer (else bad input, docs/errors.md); anything else
+    that looks like `org/name` is a Hub id. A checkpoint whose config.json is not JSON is broken, not bad
+    input: it keeps its `damage` and is recorded as FAIL_LOAD."""
+    from assay.core.checks import inspect_checkpoint
+    from assay.zoo.identity import zoo_identity
+
     path = Path(model).expanduser()
     if path.exists():
-        if not path.is_dir() or not (path / "config.json").is_file():
-            raise AssayError(f"{model} is not a checkpoint (expected a folder with config.json)")
-        try:
-            config = json.loads((path / "config.json").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            config = {"_unreadable": str(exc)}
-        stamp = path / ZOO_STAMP
-        if stamp.is_file():
-            zoo = json.loads(stamp.read_text())
-            return ModelRef(str(path.resolve()), f"assay-zoo/{zoo['name']}", config, zoo.get("stands_in_for"), zoo.get("task"))
-        return ModelRef(str(path.resolve()), str(path.resolve()), config)
+        state = inspect_checkpoint(path, weights=False)  # the weights are the load's to judge (FAIL_LOAD)
+        zoo = zoo_identity(path)  # the zoo name only for intact zoo files: a damaged copy is its path
+        if zoo is not None:
+            return ModelRef(str(path.resolve()), f"assay-zoo/{zoo['name']}", state.config, zoo.get("stands_in_for"), zoo.get("task"), state.damage)
+        return ModelRef(str(path.resolve()), str(path.resolve()), state.config, damage=state.damage)
     looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or model.endswith(("/", ".json", ".safetensors"))
     if looks_local or not model.strip():
         raise AssayError(f"{model} is not a checkpoint (no such folder) and not a Hub model id")
@@ -170,6 +164,8 @@ def execute(plan: ProbePlan) -> dict:
 
     if request.skip_reason:
         return finish("SKIPPED", request.skip_reason)
+    if ref.damage:
+        return finish("FAIL_LOAD", ref.damage)
     if task not in TEXT_TASKS + IMAGE_TASKS:
         return finish("SKIPPED", f"task {task} is outside the probe's scope (text-generation, image-text-to-text)")
     if request.devices > 1:
@@ -341,10 +337,11 @@ def _record_compile_stats(row: dict, stats: CompileStats) -> None:
 
 def probe_and_record(request: ProbeRequest, out: str | Path, timeout: float | None = None, memory_limit_bytes: int | None = None) -> dict:
     """Probe and write the row. With a timeout or memory limit the probe runs in its own process."""
-    from assay.compat.dataset import init_results, write_row
+    from assay.compat.dataset import check_results_target, init_results, write_row
 
-    init_results(out)  # a bad --out fails before minutes of work, not after
+    check_results_target(out)  # a bad --out fails before minutes of work, not after
     plan = plan_probe(request)
+    init_results(out)  # created only once the request is known good: bad input leaves nothing behind
     if timeout is None and memory_limit_bytes is None:
         row = execute(plan)
     else:

@@ -30,7 +30,9 @@ STATUSES = {
 }
 FAILURES = tuple(s for s in STATUSES if s.startswith("FAIL") or s in ("OOM", "TIMEOUT", "CRASH"))
 
-DTYPES = ("float32", "bfloat16", "float16")
+from assay.core.dtypes import DTYPE_NAMES  # noqa: E402
+
+DTYPES = DTYPE_NAMES  # the probe's dtypes: the one table in core
 # How allocators say "no memory" when they raise something other than MemoryError/OutOfMemoryError.
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
 
@@ -62,6 +64,7 @@ class ModelRef:
     config: dict = field(default_factory=dict)
     stands_in_for: str | None = None
     zoo_task: str | None = None
+    damage: str | None = None  # the checkpoint's files are broken (config.json not JSON): a FAIL_LOAD row
 
 
 @dataclass

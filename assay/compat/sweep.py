@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from assay.compat.dataset import init_results, recorded_keys, write_row
+from assay.compat.dataset import check_results_target, init_results, recorded_keys, write_row
 from assay.compat.isolate import run_isolated
 from assay.compat.placement import DevicePool, child_env, devices_needed
 from assay.compat.probe import plan_probe
@@ -55,13 +55,32 @@ class SweepOutcome:
         return counts
 
 
+EXECUTORS = ("local", "ray")
+
+
+def check_sweep_request(request: SweepRequest) -> None:
+    """Every flag of the sweep, checked before anything starts (the zygote, the progress display) and
+    before the results folder is created: bad input is one line and leaves nothing behind."""
+    from assay.core.checks import check_output_folder
+    from assay.core.values import at_least, positive
+
+    at_least("--workers", request.workers, 1)
+    positive("--timeout", request.timeout)
+    positive("--memory-limit-gb", request.memory_limit_bytes)
+    at_least("--max-devices", request.max_devices, 1)
+    at_least("--devices", request.devices, 1)
+    positive("--device-memory-gb", request.device_memory_bytes)
+    at_least("--new-tokens", request.probe.new_tokens, 1)
+    if request.executor not in EXECUTORS:
+        raise AssayError(f"unknown --executor {request.executor!r} (local or ray)")
+    check_output_folder("--cache-dir", request.cache_dir)
+    check_results_target(request.out)
+
+
 def plan_sweep(request: SweepRequest) -> tuple[list[ProbePlan], list[str]]:
-    """Plans for the models still to probe, and the models skipped as already recorded."""
-    if request.workers < 1:
-        raise AssayError("--workers must be at least 1")
-    if request.timeout <= 0:
-        raise AssayError("--timeout must be positive")
-    init_results(request.out)
+    """Plans for the models still to probe, and the models skipped as already recorded. The results
+    folder is created only after every model was planned: a bad model path leaves nothing behind."""
+    check_sweep_request(request)
     plans, already = [], []
     recorded: dict[str, set] = {}
     device_type = resolve_device(request.probe.device).type
@@ -79,6 +98,7 @@ def plan_sweep(request: SweepRequest) -> tuple[list[ProbePlan], list[str]]:
             already.append(plan.row["model"])
             continue
         plans.append(plan)
+    init_results(request.out)
     return plans, already
 
 
@@ -90,6 +110,7 @@ def _devices_for(plan: ProbePlan, request: SweepRequest, per_device_memory: int)
 
 def run_sweep(request: SweepRequest) -> SweepOutcome:
     started = time.perf_counter()
+    check_sweep_request(request)
     cache = {}
     if request.cache_dir is not None:
         from assay.core.compile_cache import cache_env
@@ -152,8 +173,6 @@ def _run_sweep(request: SweepRequest, started: float, cache: dict, zygote) -> Sw
                         write_row(request.out, row)  # only this thread writes: one row at a time
                         rows.append(row)
                         progress.finished(row)
-        else:
-            raise AssayError(f"unknown executor {request.executor!r} (local or ray)")
     return SweepOutcome(rows, already, time.perf_counter() - started)
 
 

@@ -52,6 +52,9 @@ def compiler_fingerprint(device_type: str = "cpu") -> dict:
 
 
 def export_cache(archive: str | Path, cache_dir: str | Path | None = None, device_type: str = "cpu") -> dict:
+    from assay.core.checks import check_output_file
+
+    check_output_file("ARCHIVE", archive)  # before the cache is walked and compressed
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     if not cache_dir.is_dir():
         raise AssayError(f"no compile cache at {cache_dir} (nothing compiled yet, or a wrong --cache-dir)")
@@ -91,6 +94,9 @@ def import_cache(archive: str | Path, cache_dir: str | Path | None = None, devic
         detail = ", ".join(f"{k} {theirs} (here {ours})" for k, (theirs, ours) in mismatched.items())
         raise AssayError(f"refusing a compile cache from another stack: {detail}")
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    from assay.core.checks import check_output_folder
+
+    check_output_folder("--cache-dir", cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     extracted = 0
     with tarfile.open(archive, "r:gz") as tar:

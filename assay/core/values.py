@@ -1,4 +1,4 @@
-"""Comma-separated flag values (`--pairs 8,32,128`, `--buckets 1,2,4`), parsed once for every command.
+"""Flag values checked once for every command: comma-separated lists (`--pairs 8,32,128`) and numeric ranges.
 
 A bad item is an AssayError naming the flag and the item, which the CLI prints as one line (exit 2).
 """
@@ -28,3 +28,22 @@ def comma_list(flag: str, text: str | None, convert: Callable[[str], T] = str, r
         except ValueError:
             raise AssayError(f"{flag} {text!r}: {item!r} is not {_KINDS.get(convert, 'valid')}") from None
     return tuple(values)
+
+
+def at_least(flag: str, value: float | None, minimum: float) -> None:
+    """`--steps 0` and friends: a number below its floor is bad input, found before any work. None passes
+    (an optional flag that was not given)."""
+    if value is not None and not value >= minimum:  # `not >=`: NaN fails too
+        raise AssayError(f"{flag} must be at least {minimum:g}, got {value:g}")
+
+
+def positive(flag: str, value: float | None) -> None:
+    """A quantity that must be above zero (a learning rate, a timeout, a memory size)."""
+    if value is not None and not value > 0:
+        raise AssayError(f"{flag} must be positive, got {value:g}")
+
+
+def fraction(flag: str, value: float | None) -> None:
+    """A ratio from 0 to 1 inclusive."""
+    if value is not None and not 0 <= value <= 1:
+        raise AssayError(f"{flag} must be between 0 and 1, got {value:g}")

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from assay.core.cli import device_option, json_option
+from assay.core.checks import check_checkpoint, check_output_file, check_output_folder
 from assay.core.values import comma_list
 
 NEEDLE_COLUMNS = ["length", "depth", "accuracy", "correct", "trials", "status"]
@@ -59,6 +60,9 @@ def register(app: typer.Typer) -> None:
         from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, plot_accuracy, table_rows
         from assay.recall.train import RecallTrainRequest, train_recall
 
+        check_output_folder("--out", out)
+        check_output_file("--plot", plot)
+
         request = RecallTrainRequest(
             out=out, archs=_names(arch), pairs=_ints("--pairs", pairs), seq_lens=_ints("--seq-len", seq_len), steps=steps,
             budget_min=budget_min, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden),
@@ -89,10 +93,18 @@ def register(app: typer.Typer) -> None:
         """Needle probe of any checkpoint, no training: accuracy over lengths x depths."""
         from assay.core.output import print_json, print_table
         from assay.recall.needle import NeedleRequest, run_needle
+        from assay.recall.models import LAYOUT_FILE
+        from assay.recall.needle import _validate
         from assay.recall.report import plot_needle
 
         request = NeedleRequest(model=model, lengths=_ints("--lengths", lengths), depths=_floats("--depths", depths), trials=trials,
                                 format=fmt, device=device, seed=seed, progress=not json_out)
+        _validate(request)  # the flags first, then the checkpoint: both before any model loads
+        # Text prompts need the checkpoint's tokenizer; token prompts (a `recall train` checkpoint,
+        # which has recall.json) do not.
+        tokens = fmt == "tokens" or (fmt == "auto" and (Path(model) / LAYOUT_FILE).is_file())
+        check_checkpoint(model, tokenizer=not tokens)
+        check_output_file("--plot", plot)
         result = run_needle(request)
         png = plot_needle(result.as_dict(), plot) if plot else None
         if json_out:
@@ -115,6 +127,7 @@ def register(app: typer.Typer) -> None:
         from assay.recall.mqar import MQARSpec
         from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, load_results, plot_accuracy, table_rows
 
+        check_output_file("--plot", plot)
         data = load_results(folder)
         chance = MQARSpec(**data["request"]["layout"]).chance if "request" in data else None
         png = plot_accuracy(data["rows"], plot, chance=chance) if plot else None

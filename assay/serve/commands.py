@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from assay.core.cli import backend_option, device_option, quiet_libraries
+from assay.core.checks import check_checkpoint
 from assay.core.errors import AssayError
 
 
@@ -31,6 +32,9 @@ def serve_command(
     replicas: int = typer.Option(1, "--replicas", help="--executor ray: engine replicas, one device each"),
 ):
     """Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /health, /metrics)."""
+    # The checkpoint (config, weights header, tokenizer: the HTTP API takes and returns text) before
+    # anything is imported or loaded.
+    check_checkpoint(model)
     from assay.serve.server import ServeRequest, serve
 
     quiet_libraries()

@@ -9,7 +9,8 @@ import typer
 
 from assay.core.cli import backend_option, device_option, dtype_option, json_option, quiet_libraries
 from assay.core.errors import AssayError
-from assay.core.values import comma_list
+from assay.core.checks import check_checkpoint, check_output_file, check_output_folder
+from assay.core.values import at_least, comma_list, fraction, positive
 
 
 def _split_list(text: Optional[str]) -> Optional[tuple[str, ...]]:
@@ -57,6 +58,8 @@ def train_command(
     json_out: bool = json_option(),
 ):
     """Train a checkpoint through one of the model paths (hf, native, native with kernels)."""
+    _check_flags(model, flavour, steps, batch, seq_len, lr, warmup_steps, min_lr_ratio, weight_decay, grad_clip, tp, dp_shard,
+                 checkpoint_every, keep_checkpoints, timing_warmup, check_init or kernels_dry_run, metrics, export_hf, checkpoint_dir)
     from assay.train.data import DataSpec
     from assay.train.optimization import OptimConfig
     from assay.train.trainer import TrainingDiverged, TrainRequest, train
@@ -87,6 +90,30 @@ def train_command(
         _print_result(result, json_out)
     if result.check_init is not None and not result.check_init.weights_loaded:
         raise typer.Exit(1)
+
+
+def _check_flags(model, flavour, steps, batch, seq_len, lr, warmup_steps, min_lr_ratio, weight_decay, grad_clip, tp, dp_shard,
+                 checkpoint_every, keep_checkpoints, timing_warmup, no_training_needed, metrics, export_hf, checkpoint_dir) -> None:
+    """Bad input fails here, before torch is imported and long before training: values, the checkpoint
+    (config, weights header, tokenizer), and every output target."""
+    # --steps 0 is a run without training: --check-init's first-step loss, or --kernels-dry-run.
+    at_least("--steps", steps, 0 if no_training_needed else 1)
+    at_least("--batch", batch, 1)
+    at_least("--seq-len", seq_len, 1)
+    positive("--lr", lr)
+    at_least("--warmup-steps", warmup_steps, 0)
+    fraction("--min-lr-ratio", min_lr_ratio)
+    at_least("--weight-decay", weight_decay, 0)
+    at_least("--grad-clip", grad_clip, 0)
+    at_least("--tp", tp, 1)
+    at_least("--dp-shard", dp_shard, 1)
+    at_least("--checkpoint-every", checkpoint_every, 0)
+    at_least("--keep-checkpoints", keep_checkpoints, 1)
+    at_least("--timing-warmup", timing_warmup, 0)
+    check_checkpoint(model, weights=flavour is None)  # a --flavour is randomly initialised: no weights read
+    check_output_file("--metrics", metrics)
+    check_output_folder("--export-hf", export_hf)
+    check_output_folder("--checkpoint-dir", checkpoint_dir)
 
 
 def _print_result(result, json_out: bool) -> None:
@@ -127,6 +154,7 @@ def plot_command(
     """Draw loss and throughput per step from a training metrics file to PNG."""
     from assay.train.plot import plot_metrics
 
+    check_output_file("-o", out)
     if out.suffix.lower() != ".png":
         raise AssayError(f"-o {out}: the plot is written as PNG; name the file .png")
     written = plot_metrics(metrics, out, title=title)

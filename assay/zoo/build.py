@@ -6,7 +6,6 @@ so a probe result on `zoo/qwen3` means the same thing on every machine.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import zlib
@@ -17,11 +16,11 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json
 from assay.zoo.entries import IMAGE_TEXT, ZOO, ZooEntry
+from assay.zoo.identity import STAMP_FILE, fingerprint, zoo_identity
 from assay.zoo.tokenizer import TOKEN_IDS
 
 ZOO_FORMAT = 1
 CATALOG_FILE = "catalog.json"
-STAMP_FILE = "assay_zoo.json"
 
 
 def entry_seed(name: str) -> int:
@@ -56,7 +55,8 @@ def build_entry(entry: ZooEntry, target: Path) -> Path:
         atomic_write_json(
             staging / STAMP_FILE,
             {"format": ZOO_FORMAT, "name": entry.name, "stands_in_for": entry.stands_in_for, "task": entry.task,
-             "architecture": entry.architecture, "features": list(entry.features), "seed": entry_seed(entry.name)},
+             "architecture": entry.architecture, "features": list(entry.features), "seed": entry_seed(entry.name),
+             "files": fingerprint(staging)},
         )
         if target.exists():
             shutil.rmtree(target)
@@ -93,14 +93,9 @@ def _write_processor(entry: ZooEntry, folder: Path) -> None:
 
 
 def is_built(folder: Path, entry: ZooEntry) -> bool:
-    stamp = folder / STAMP_FILE
-    if not stamp.is_file():
-        return False
-    try:
-        record = json.loads(stamp.read_text())
-    except json.JSONDecodeError:
-        return False
-    return record.get("format") == ZOO_FORMAT and record.get("name") == entry.name
+    """Built and intact: a damaged entry (or one from a build without fingerprints) is built again."""
+    record = zoo_identity(folder)
+    return record is not None and record.get("format") == ZOO_FORMAT and record.get("name") == entry.name
 
 
 def catalog_rows() -> list[dict]:
