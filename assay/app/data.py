@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from assay.app.catalog import Catalog, CatalogModel
-from assay.compat.dataset import check_results, connect
+from assay.compat.dataset import check_results, connect, stack_files
 from assay.compat.diff import diff_stacks
 from assay.compat.schema import FAILURES, STATUSES
 from assay.compat.signature import error_signature, exception_line
@@ -104,7 +104,8 @@ class Snapshot:
 
 
 def _stamp(folder: Path) -> tuple:
-    return tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in folder.glob("*.parquet")))
+    # A results folder's own files or a published folder's (its card names them): the same reader for both.
+    return tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in stack_files(folder))
 
 
 def load_snapshot(folder: str | Path) -> Snapshot:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import assay
 from assay.app.catalog import Catalog, save_catalog
-from assay.compat.dataset import MARKER, check_results
+from assay.compat.dataset import MARKER, check_results, stack_files
 from assay.core.errors import AssayError
 from assay.core.files import atomic_path, atomic_write_text
 
@@ -135,7 +135,7 @@ def export_space(out: str | Path, results: str | Path, catalog: Catalog, title: 
 
     data = out / DATA
     data.mkdir(exist_ok=True)
-    sources = sorted(results.glob("*.parquet"))
+    sources = stack_files(results)
     for stale in set(p.name for p in data.glob("*.parquet")) - {p.name for p in sources}:
         (data / stale).unlink()
     for source in [*sources, results / MARKER]:
