@@ -250,7 +250,7 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                     )
                 with gr.Row():
                     note = gr.Markdown(_note(initial.note), elem_id="listing-note", elem_classes="assay-note")
-                    view_link = gr.HTML(_link("?", "link to this view", "view-link-a"), elem_id="view-link")
+                    view_link = gr.HTML(_link("?", "link to this view", "view-link-a"), elem_id="view-link", scale=0, min_width=160)
                 link_note = gr.Markdown("", elem_id="link-note", elem_classes="assay-note")
                 table = _table(LIST_COLUMNS, value=_coloured(initial.table, STATUS_COLUMNS["listing"]), elem_id="listing",
                                max_height=620, pinned_columns=2)
@@ -258,6 +258,7 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                 model_choice = gr.Dropdown(model_names(snapshot, catalog), value=None, label="model", filterable=True,
                                            elem_id="model-choice")
                 about = gr.Textbox(label="catalog", interactive=False, elem_id="model-about")
+                model_link = gr.HTML("", elem_id="model-link")
                 per_stack = _table(MODEL_COLUMNS, label="result on each stack", elem_id="model-stacks")
                 result_choice = gr.Dropdown([], label="result to show", elem_id="result-choice")
                 with gr.Row():
@@ -274,9 +275,7 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                         with gr.Accordion("versions of the whole stack", open=False):
                             versions = gr.Code(language="json", label="versions", interactive=False, elem_id="versions")
                 run_py = gr.Code(language="python", label="run.py", interactive=False, buttons=["copy", "download"], elem_id="run-py")
-                with gr.Row():
-                    download = gr.DownloadButton("Download run.py", interactive=False, elem_id="download-run-py")
-                    model_link = gr.HTML("", elem_id="model-link")
+                download = gr.DownloadButton("Download run.py", interactive=False, elem_id="download-run-py")
             with gr.Tab("Compare stacks", id="compare"):
                 with gr.Row():
                     base = gr.Dropdown(stacks, value=stacks[0] if len(stacks) > 1 else None, label="base stack", elem_id="base")
