@@ -7,10 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
-from app.builders import GPU, NEW, OLD, mixed_rows, recorded_catalog
+from app.builders import GPU, NEW, OLD, free_port, mixed_rows, recorded_catalog, stop, wait_until_served
 
 from assay.app.catalog import save_catalog
 from assay.app.data import load_snapshot, model_page
@@ -115,6 +116,20 @@ def test_the_app_reads_a_published_folder_and_a_snapshot_of_it_like_the_results(
     listed = assay_cli("results", str(snapshot), "--status", "FAIL_RUN", "--json")
     assert listed.returncode == 0, listed.stderr
     assert sorted(r["model"] for r in json.loads(listed.stdout)) == ["assay-zoo/llama", "assay-zoo/qwen3"]
+
+    # `assay app` serves the snapshot: its page carries the rows and the catalog the publish copied beside them.
+    port, log = free_port(), tmp_path / "app.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen([sys.executable, "-m", "assay", "app", str(snapshot), "--port", str(port)],
+                                   stdout=output, stderr=subprocess.STDOUT, env=os.environ.copy())
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        wait_until_served(url, process, log)
+        with urllib.request.urlopen(url + "config", timeout=10) as response:
+            config = response.read().decode()
+        assert "assay-zoo/qwen3" in config and NEW in config and "example-org/hot-new-model" in config
+    finally:
+        stop(process)
 
 
 def test_publishing_again_replaces_the_folder_and_drops_a_removed_stack(tmp_path, assay_cli):
