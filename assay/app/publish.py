@@ -204,13 +204,16 @@ def publish(out: str | Path, results: str | Path, catalog_path: str | Path | Non
         raise AssayError(f"{results} holds no stack files to publish")
     if len({p.stem for p in sources}) < len(sources):
         raise AssayError(f"{results}: two stack files share a name; publish needs one file per stack")
-    stacks = [_summarise(path) for path in sources]  # every file is read before anything is written
+    for path in sources:  # every file is read before anything is written: bad input leaves nothing behind
+        _summarise(path)
     catalog = resolve_catalog(results, catalog_path)
     title = " ".join(title.split())
     with atomic_folder(out) as staging:
         for source in sources:
             with atomic_path(staging / DATA / source.name) as tmp:
                 shutil.copyfile(source, tmp)
+        # The card describes the copies, not the sources: a sweep still writing RESULTS cannot make them disagree.
+        stacks = [_summarise(staging / DATA / source.name) for source in sources]
         save_catalog(catalog, staging / CATALOG)
         atomic_write_text(staging / CARD, dataset_card(stacks, license_id, title))
     files = [s.path for s in stacks] + [CATALOG, CARD]

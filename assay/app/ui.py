@@ -32,7 +32,7 @@ from assay.app.catalog import Catalog  # noqa: E402
 from assay.app.data import (  # noqa: E402
     ANY, DIFF_COLUMNS, GROUP_COLUMNS, LIST_COLUMNS, MODEL_COLUMNS, SELECTED, STATUS_COLOURS, VIEWS, Filters, ResultsSource,
     compare_stacks, failure_groups, filter_choices, list_view, model_names, model_page, per_model_costs, pass_rates,
-    result_detail, run_py_filename, status_kind, status_style, status_summary, view_from_query, view_query,
+    result_detail, run_py_filename, status_style, status_summary, view_from_query, view_query,
 )
 from assay.core.errors import AssayError  # noqa: E402
 from assay.core.files import atomic_write_text  # noqa: E402
