@@ -301,16 +301,14 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
         detail_components = [result_line, error_line, error_full, stack_label, command, facts, versions, run_py, download, model_link]
         model_components = [about, per_stack, result_choice, *detail_components]
         events = dict(api_visibility=PRIVATE, trigger_mode="always_last", show_progress="hidden")
-        for control in controls.inputs():
-            control.change(listing, controls.inputs(), [table, note, view_link], **events)
+        # One listener for every control: its runs queue one after another and the last one wins. A listener
+        # per control would run side by side, and an older request finishing last would show a stale table.
+        gr.on([control.change for control in controls.inputs()], listing, controls.inputs(), [table, note, view_link], **events)
         table.select(pick_row, None, [tabs, model_choice, *model_components], api_visibility=PRIVATE)
         model_choice.input(open_model, [model_choice], model_components, **events)
         result_choice.input(show_detail, [model_choice, result_choice], detail_components, **events)
-        compare_button.click(compare, [base, new], [summary, diff_table], api_visibility=PRIVATE)
-        for side in (base, new):
-            side.input(compare, [base, new], [summary, diff_table], **events)
-        group_stack.change(groups, [group_stack, group_search], [group_table], **events)
-        group_search.change(groups, [group_stack, group_search], [group_table], **events)
+        gr.on([compare_button.click, base.input, new.input], compare, [base, new], [summary, diff_table], **events)
+        gr.on([group_stack.change, group_search.change], groups, [group_stack, group_search], [group_table], **events)
         group_table.select(group_members, [group_stack, group_search], [members], api_visibility=PRIVATE)
         chart_stack.change(stack_charts, [chart_stack], [compile_plot, memory_plot], **events)
         demo.load(load_view, None, [*controls.inputs(), base, new, group_stack, chart_stack, model_choice, tabs, *model_components,
