@@ -1,4 +1,4 @@
-"""CLI commands of the web app: `assay app`, `assay export-space`, `assay catalog refresh`."""
+"""CLI commands of the web app: `assay app`, `assay publish`, `assay export-space`, `assay catalog refresh`."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("app")
     def serve_app(
-        folder: Path = typer.Argument(..., help="results folder (one Parquet file per stack)"),
+        folder: Path = typer.Argument(..., help="results folder (one Parquet file per stack), or a published dataset folder"),
         catalog: Optional[Path] = typer.Option(None, "--catalog", help="catalog file (default: FOLDER/catalog.json, else the zoo's stand-ins)"),
         port: int = typer.Option(7860, help="port to serve on"),
         host: str = typer.Option("127.0.0.1", help="address to serve on (0.0.0.0 for every interface)"),
@@ -49,6 +49,37 @@ def register(app: typer.Typer) -> None:
             demo.launch(**launch_options(host, port))
         except OSError as exc:  # the port was taken between the check and the bind
             raise AssayError(f"cannot serve on {host}:{port}: {exc}") from None
+
+    @app.command("publish")
+    def publish_command(
+        out: Path = typer.Argument(..., help="folder to write the dataset repository into (new, empty, or a previous publish)"),
+        results: Path = typer.Option(..., "--results", help="results folder (or a published folder) to publish"),
+        catalog: Optional[Path] = typer.Option(None, "--catalog", help="catalog file (default: RESULTS/catalog.json, else the zoo's stand-ins)"),
+        license_id: str = typer.Option("cc-by-4.0", "--license", help="the card's license field (a Hub license id)"),
+        title: str = typer.Option("assay results", help="the dataset card's title"),
+        push_to: Optional[str] = typer.Option(None, "--push", help="then upload it to this Hub dataset repository (owner/name; needs HF_TOKEN)"),
+        private: bool = typer.Option(False, "--private", help="with --push: create the repository private"),
+        json_out: bool = typer.Option(False, "--json"),
+    ):
+        """Write a results folder as a Hugging Face dataset repository (Parquet per stack, README.md card with one config per stack)."""
+        from assay.app.publish import check_push, publish, push
+        from assay.core.output import print_json, print_table
+
+        token = check_push(push_to) if push_to else None  # a push that cannot happen stops before anything is written
+        published = publish(out, results, catalog, license_id=license_id, title=title)
+        pushed = push(published.folder, push_to, token, private=private) if push_to else None
+        stacks = [{"stack": s.stack_id, "rows": s.rows, "PASS": s.passed, "failed": s.failed, "skipped": s.skipped,
+                   "torch": s.torch, "transformers": s.transformers, "file": s.path} for s in published.stacks]
+        if json_out:
+            print_json({"folder": str(published.folder), "rows": published.rows, "stacks": stacks, "files": published.files,
+                        "pushed": pushed})
+            return
+        print_table(stacks, ["stack", "rows", "PASS", "failed", "skipped", "torch", "transformers"],
+                    title=f"{published.folder}: {published.rows} rows, {len(stacks)} configs")
+        name = published.stacks[0].stack_id
+        typer.echo(f'load: datasets.load_dataset("{published.folder}", name="{name}", split="train")')
+        if pushed:
+            typer.echo(f"pushed: {pushed}")
 
     @app.command("export-space")
     def export_space_command(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from assay.app.catalog import Catalog, CatalogModel
-from assay.compat.dataset import check_results, connect
+from assay.compat.dataset import check_results, connect, stack_files
 from assay.compat.diff import diff_stacks
 from assay.compat.schema import FAILURES, STATUSES
 from assay.compat.signature import error_signature, exception_line
@@ -90,6 +90,34 @@ def result_label(status: str | None) -> str:
     return SKIPPED if status == "SKIPPED" else status
 
 
+# A shown status's colour (CSS for its table cell). The text stays in the cell: the colour only
+# repeats it, so the tables read the same without colour. Light backgrounds keep the text's contrast.
+STATUS_COLOURS = {
+    "pass": "background-color: #d3f0d9; color: #14532d",  # green
+    "failure": "background-color: #fbd5d5; color: #7f1d1d",  # red: FAIL_*
+    "abnormal": "background-color: #fde9c4; color: #713f12",  # amber: TIMEOUT, OOM, CRASH
+    "neutral": "background-color: #e5e7eb; color: #374151",  # grey: skipped, not tested
+}
+
+
+def status_kind(label: str) -> str | None:
+    """pass, failure, abnormal or neutral for a shown status; None for any other text."""
+    if label == "PASS":
+        return "pass"
+    if label.startswith("FAIL"):
+        return "failure"
+    if label in ("TIMEOUT", "OOM", "CRASH"):
+        return "abnormal"
+    if label in (SKIPPED, NOT_TESTED, "SKIPPED"):
+        return "neutral"
+    return None
+
+
+def status_style(label) -> str:
+    kind = status_kind(label) if isinstance(label, str) else None
+    return STATUS_COLOURS[kind] if kind else ""
+
+
 # ---------------------------------------------------------------- loading
 
 
@@ -104,7 +132,8 @@ class Snapshot:
 
 
 def _stamp(folder: Path) -> tuple:
-    return tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in folder.glob("*.parquet")))
+    # A results folder's own files or a published folder's (its card names them): the same reader for both.
+    return tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in stack_files(folder))
 
 
 def load_snapshot(folder: str | Path) -> Snapshot:
@@ -308,6 +337,68 @@ def _display(matched: pd.DataFrame) -> pd.DataFrame:
         "trending": [_number(v) for v in matched["trending"]],
     }
     return pd.DataFrame(columns, columns=LIST_COLUMNS, dtype=object)
+
+
+# ---------------------------------------------------------------- shareable views
+
+
+# The query parameters a link may carry, in the order a link writes them.
+QUERY_KEYS = ("model", "stack", "view", "q", "status", "compiler", "transformers", "device", "task")
+
+
+@dataclass(frozen=True)
+class View:
+    """What a URL asks the app to show: the Models tab's controls, and a model page when `model` is set."""
+
+    view: str = SELECTED
+    filters: Filters = Filters()
+    model: str | None = None  # open this model's page
+    ignored: tuple[str, ...] = ()  # parameters whose value is not one the app offers
+
+
+def view_from_query(params: dict[str, str], choices: Choices, names: list[str]) -> View:
+    """The view a link's query parameters ask for; values the app does not offer are ignored (and listed)."""
+    ignored: list[str] = []
+
+    def pick(key: str, offered: list[str] | tuple[str, ...]) -> str | None:
+        wanted = (params.get(key) or "").strip()
+        if not wanted:
+            return None
+        by_lower = {o.lower(): o for o in offered}
+        if wanted.lower() in by_lower:
+            return by_lower[wanted.lower()]
+        ignored.append(key)
+        return None
+
+    model = (params.get("model") or "").strip() or None
+    if model is not None and model not in names:
+        ignored.append("model")
+        model = None
+    filters = Filters(
+        text=(params.get("q") or "").strip(), compiler=pick("compiler", choices.compilers) or ANY,
+        transformers=pick("transformers", choices.transformers) or ANY, device=pick("device", choices.devices) or ANY,
+        status=pick("status", choices.statuses) or ANY, task=pick("task", choices.tasks) or ANY,
+        stack=pick("stack", choices.stacks) or ANY,
+    )
+    return View(pick("view", VIEWS) or SELECTED, filters, model, tuple(ignored))
+
+
+def view_query(view: str = SELECTED, filters: Filters = Filters(), model: str | None = None) -> str:
+    """The query string (with its "?") of a link that opens the app on this view; every value percent-encoded."""
+    from urllib.parse import urlencode
+
+    values = {"model": model, "stack": filters.stack, "view": view, "q": filters.text.strip(), "status": filters.status,
+              "compiler": filters.compiler, "transformers": filters.transformers, "device": filters.device, "task": filters.task}
+    defaults = {"view": SELECTED}
+    kept = {k: values[k] for k in QUERY_KEYS if values[k] and values[k] != ANY and values[k] != defaults.get(k)}
+    return "?" + urlencode(kept, quote_via=_quote_all) if kept else "?"
+
+
+def _quote_all(text, safe="", encoding=None, errors=None) -> str:
+    from urllib.parse import quote
+
+    # Nothing but [A-Za-z0-9_.~-] and %XX: a model name cannot close the href or start markup.
+    return quote(text, safe="", encoding=encoding, errors=errors)
 
 
 # ---------------------------------------------------------------- a model's page

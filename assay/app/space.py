@@ -18,7 +18,7 @@ from pathlib import Path
 
 import assay
 from assay.app.catalog import Catalog, save_catalog
-from assay.compat.dataset import MARKER, check_results
+from assay.compat.dataset import MARKER, check_results, stack_files
 from assay.core.checks import check_output_folder
 from assay.core.errors import AssayError
 from assay.core.files import atomic_path, atomic_write_text
@@ -164,7 +164,9 @@ def _write_space(out: Path, results: Path, catalog: Catalog, title: str) -> Spac
 
     data = out / DATA
     data.mkdir(exist_ok=True)
-    sources = sorted(results.glob("*.parquet"))
+    sources = stack_files(results)
+    for stale in set(p.name for p in data.glob("*.parquet")) - {p.name for p in sources}:
+        (data / stale).unlink()
     for source in [*sources, results / MARKER]:
         if source.exists():
             _copy(source, data / source.name)

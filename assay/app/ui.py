@@ -3,8 +3,13 @@
 Every callback is a thin adapter over assay.app.data. Safety: every text that comes from a result or
 the Hub (model names, errors, run.py, versions) reaches the page through a component that shows text
 (Textbox, Code, Dropdown, Dataframe with datatype "str"), never through HTML or Markdown; the one
-Markdown line per view is built from our own words and escaped anyway. The app is read-only: no
-upload component, uploads refused by middleware, events kept out of the API listing.
+Markdown line per view is built from our own words and escaped anyway; the two links ("link to this
+view", "link to this page") put result text only into a percent-encoded query string. The app is
+read-only: no upload component, uploads refused by middleware, events kept out of the API listing.
+
+Every filter listens to `.change`, which follows the value itself: typed, pasted, cleared, or set by
+a handler (the link's query parameters, read by the page's load event). Gradio's `.input` on a
+Textbox follows key presses only, so a paste or a cut never reached it.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ import gradio as gr  # noqa: E402
 from assay.app import charts  # noqa: E402
 from assay.app.catalog import Catalog  # noqa: E402
 from assay.app.data import (  # noqa: E402
-    ANY, DIFF_COLUMNS, GROUP_COLUMNS, LIST_COLUMNS, MODEL_COLUMNS, SELECTED, VIEWS, Filters, ResultsSource,
+    ANY, DIFF_COLUMNS, GROUP_COLUMNS, LIST_COLUMNS, MODEL_COLUMNS, SELECTED, STATUS_COLOURS, VIEWS, Filters, ResultsSource,
     compare_stacks, failure_groups, filter_choices, list_view, model_names, model_page, per_model_costs, pass_rates,
-    result_detail, run_py_filename, status_summary,
+    result_detail, run_py_filename, status_style, status_summary, view_from_query, view_query,
 )
 from assay.core.errors import AssayError  # noqa: E402
 from assay.core.files import atomic_write_text  # noqa: E402
@@ -39,7 +44,33 @@ THEME = gr.themes.Default(
     font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"],
     font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
 )
-CSS = ".assay-note p { margin: 0; }"
+CSS = ".assay-note p { margin: 0; } .assay-link { font-size: 0.9em; }"
+STATUS_COLUMNS = {"listing": ["result"], "model": ["result"], "diff": ["base", "new"]}
+
+
+def _coloured(frame, columns: list[str]):
+    """The table with its status cells coloured: Gradio's value dict with per-cell CSS in its metadata.
+
+    The same thing a pandas Styler gives Gradio, built directly: the Styler renders the whole table to
+    HTML first, which cost 15x the plain table's time for 500 rows.
+    """
+    if frame is None or len(frame) == 0:
+        return frame
+    coloured = {i for i, name in enumerate(frame.columns) if name in columns}
+    data = frame.to_numpy(dtype=object).tolist()
+    styling = [[status_style(cell) if i in coloured else "" for i, cell in enumerate(row)] for row in data]
+    return {"headers": list(frame.columns), "data": data, "metadata": {"styling": styling, "display_value": None}}
+
+
+def _link(query: str, words: str, elem_id: str) -> str:
+    # `query` comes from view_query: every value percent-encoded, so result text cannot leave the href.
+    return f'<a class="assay-link" id="{elem_id}" href="{html.escape(query)}">{html.escape(words)}</a>'
+
+
+def _legend() -> str:
+    swatches = {"pass": "PASS", "failure": "FAIL_*", "abnormal": "TIMEOUT / OOM / CRASH", "neutral": "skipped / not tested"}
+    return " ".join(f'<span class="assay-status" style="{STATUS_COLOURS[kind]}; padding: 1px 6px; border-radius: 4px">'
+                    f"{html.escape(words)}</span>" for kind, words in swatches.items())
 
 
 class RefuseUploads:
@@ -88,9 +119,10 @@ class _Controls:
     device: gr.Dropdown
     status: gr.Dropdown
     task: gr.Dropdown
+    stack: gr.Dropdown
 
     def inputs(self) -> list:
-        return [self.view, self.search, self.compiler, self.transformers, self.device, self.status, self.task]
+        return [self.view, self.search, self.compiler, self.transformers, self.device, self.status, self.task, self.stack]
 
 
 def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
@@ -101,46 +133,65 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
     choices = filter_choices(snapshot, catalog)
     stacks = list(snapshot.stacks)
 
-    def listing(view, text, compiler, transformers, device, status, task):
-        filters = Filters(text or "", compiler or ANY, transformers or ANY, device or ANY, status or ANY, task or ANY)
+    def listing(view, text, compiler, transformers, device, status, task, stack):
+        filters = Filters(text or "", compiler or ANY, transformers or ANY, device or ANY, status or ANY, task or ANY, stack or ANY)
         result = list_view(source.snapshot(), catalog, view or SELECTED, filters)
-        return result.table, _note(result.note)
+        return (_coloured(result.table, STATUS_COLUMNS["listing"]), _note(result.note),
+                _link(view_query(view or SELECTED, filters), "link to this view", "view-link-a"))
 
-    def refresh_choices():
+    def load_view(request: gr.Request):
+        """Fresh choices for every dropdown, then the view the URL's query parameters ask for."""
         current = filter_choices(source.snapshot(), catalog)
         names = model_names(source.snapshot(), catalog)
         stack_ids = list(source.snapshot().stacks)
-        return (
-            gr.Dropdown(choices=current.compilers), gr.Dropdown(choices=current.transformers),
-            gr.Dropdown(choices=current.devices), gr.Dropdown(choices=current.tasks), gr.Dropdown(choices=names),
-            gr.Dropdown(choices=stack_ids), gr.Dropdown(choices=stack_ids), gr.Dropdown(choices=current.stacks),
-            gr.Dropdown(choices=stack_ids),
-        )
+        asked = view_from_query(dict(request.query_params) if request else {}, current, names)
+        wanted = asked.filters
+        controls_update = [
+            gr.Radio(value=asked.view), gr.Textbox(value=wanted.text),
+            gr.Dropdown(choices=current.compilers, value=wanted.compiler),
+            gr.Dropdown(choices=current.transformers, value=wanted.transformers),
+            gr.Dropdown(choices=current.devices, value=wanted.device), gr.Dropdown(value=wanted.status),
+            gr.Dropdown(choices=current.tasks, value=wanted.task), gr.Dropdown(choices=current.stacks, value=wanted.stack),
+        ]
+        others = [gr.Dropdown(choices=stack_ids), gr.Dropdown(choices=stack_ids), gr.Dropdown(choices=current.stacks),
+                  gr.Dropdown(choices=stack_ids)]
+        if asked.model is None:
+            page = [gr.Dropdown(choices=names), gr.skip(), *[gr.skip()] * len(model_components)]
+        else:
+            preferred = wanted.stack if wanted.stack != ANY else None
+            page = [gr.Dropdown(choices=names, value=asked.model), gr.Tabs(selected="model"), *open_model(asked.model, stack=preferred)]
+        ignored = (f"The link's {', '.join(asked.ignored)} {'is' if len(asked.ignored) == 1 else 'are'} not offered here and "
+                   "was left out." if asked.ignored else "")
+        return [*controls_update, *others, *page, _note(ignored)]
 
     def detail_outputs(page, label):
         rows = {lbl: row for lbl, row in zip(page.labels, page.results)}
         row = rows.get(label) if label in rows else (page.results[0] if page.results else None)
         if row is None:
             return ("not tested on any stack", "", "", "", "", gr.Dataframe(value=None), "", "",
-                    gr.DownloadButton(value=None, interactive=False))
+                    gr.DownloadButton(value=None, interactive=False), _link(view_query(model=page.key), "link to this page", "model-link-a"))
         detail = result_detail(row)
         path = downloads / run_py_filename(row)
         atomic_write_text(path, detail.run_py)
         result_line = detail.result + (f": {detail.reason}" if detail.reason else "")
+        link = _link(view_query(model=page.key, filters=Filters(stack=row["stack_id"])), "link to this page", "model-link-a")
         return (result_line, detail.error_line, detail.error, detail.stack_label, detail.command, detail.facts,
-                detail.versions, detail.run_py, gr.DownloadButton(value=str(path), interactive=bool(detail.run_py)))
+                detail.versions, detail.run_py, gr.DownloadButton(value=str(path), interactive=bool(detail.run_py)), link)
 
-    def open_model(key, preferred=None):
+    def open_model(key, preferred=None, stack=None):
         if not key:
             return ["", gr.Dataframe(value=None), gr.Dropdown(choices=[], value=None), "", "", "", "", "", gr.Dataframe(value=None),
-                    "", "", gr.DownloadButton(value=None, interactive=False)]
+                    "", "", gr.DownloadButton(value=None, interactive=False), ""]
         page = model_page(source.snapshot(), catalog, key)
+        if stack and preferred is None:  # a link's stack: the first result recorded on it
+            preferred = next((label for label, row in zip(page.labels, page.results) if row["stack_id"] == stack), None)
         entry = page.catalog_entry
         count = lambda n: "?" if n is None else f"{n:,}"  # noqa: E731
         about = (f"{key}: task {entry.task or '?'}, downloads {count(entry.downloads)}, likes {count(entry.likes)}, "
                  f"trending score {count(entry.trending_score)}") if entry else f"{key}: not in the catalog"
         label = preferred if preferred in page.labels else (page.labels[0] if page.labels else None)
-        return [about, page.table, gr.Dropdown(choices=page.labels, value=label), *detail_outputs(page, label)]
+        return [about, _coloured(page.table, STATUS_COLUMNS["model"]), gr.Dropdown(choices=page.labels, value=label),
+                *detail_outputs(page, label)]
 
     def show_detail(key, label):
         if not key:
@@ -161,7 +212,7 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
             result = compare_stacks(source.folder, base, new)
         except AssayError as exc:
             return str(exc), None
-        return result.summary, result.table
+        return result.summary, _coloured(result.table, STATUS_COLUMNS["diff"])
 
     def groups(stack, text):
         result = failure_groups(source.snapshot(), Filters(text=text or "", stack=stack or ANY))
@@ -187,6 +238,7 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
         gr.Markdown("## assay: which models run on which stack\nA result holds only for the stack that produced it. "
                     "*Not tested* and *skipped* are not failures.")
         with gr.Accordion("What the results mean", open=False):
+            gr.HTML(_legend(), elem_id="status-legend")
             gr.Markdown(legend)
         with gr.Tabs() as tabs:
             with gr.Tab("Models", id="models"):
@@ -201,13 +253,19 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                         gr.Dropdown(choices.devices, value=ANY, label="device", elem_id="filter-device"),
                         gr.Dropdown(choices.statuses, value=ANY, label="status", elem_id="filter-status"),
                         gr.Dropdown(choices.tasks, value=ANY, label="task", elem_id="filter-task"),
+                        gr.Dropdown(choices.stacks, value=ANY, label="stack", elem_id="filter-stack"),
                     )
-                note = gr.Markdown(_note(initial.note), elem_id="listing-note", elem_classes="assay-note")
-                table = _table(LIST_COLUMNS, value=initial.table, elem_id="listing", max_height=620, pinned_columns=2)
+                with gr.Row():
+                    note = gr.Markdown(_note(initial.note), elem_id="listing-note", elem_classes="assay-note")
+                    view_link = gr.HTML(_link("?", "link to this view", "view-link-a"), elem_id="view-link", scale=0, min_width=160)
+                link_note = gr.Markdown("", elem_id="link-note", elem_classes="assay-note")
+                table = _table(LIST_COLUMNS, value=_coloured(initial.table, STATUS_COLUMNS["listing"]), elem_id="listing",
+                               max_height=620, pinned_columns=2)
             with gr.Tab("Model", id="model"):
                 model_choice = gr.Dropdown(model_names(snapshot, catalog), value=None, label="model", filterable=True,
                                            elem_id="model-choice")
                 about = gr.Textbox(label="catalog", interactive=False, elem_id="model-about")
+                model_link = gr.HTML("", elem_id="model-link")
                 per_stack = _table(MODEL_COLUMNS, label="result on each stack", elem_id="model-stacks")
                 result_choice = gr.Dropdown([], label="result to show", elem_id="result-choice")
                 with gr.Row():
@@ -247,22 +305,20 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                     compile_plot = gr.Plot(label="compile time per model", format="png")
                     memory_plot = gr.Plot(label="peak memory per model", format="png")
 
-        detail_components = [result_line, error_line, error_full, stack_label, command, facts, versions, run_py, download]
+        detail_components = [result_line, error_line, error_full, stack_label, command, facts, versions, run_py, download, model_link]
         model_components = [about, per_stack, result_choice, *detail_components]
         events = dict(api_visibility=PRIVATE, trigger_mode="always_last", show_progress="hidden")
-        for control in controls.inputs():
-            (control.input if control is search else control.change)(listing, controls.inputs(), [table, note], **events)
+        # One listener for every control: its runs queue one after another and the last one wins. A listener
+        # per control would run side by side, and an older request finishing last would show a stale table.
+        gr.on([control.change for control in controls.inputs()], listing, controls.inputs(), [table, note, view_link], **events)
         table.select(pick_row, None, [tabs, model_choice, *model_components], api_visibility=PRIVATE)
         model_choice.input(open_model, [model_choice], model_components, **events)
         result_choice.input(show_detail, [model_choice, result_choice], detail_components, **events)
-        compare_button.click(compare, [base, new], [summary, diff_table], api_visibility=PRIVATE)
-        for side in (base, new):
-            side.input(compare, [base, new], [summary, diff_table], **events)
-        group_stack.change(groups, [group_stack, group_search], [group_table], **events)
-        group_search.input(groups, [group_stack, group_search], [group_table], **events)
+        gr.on([compare_button.click, base.input, new.input], compare, [base, new], [summary, diff_table], **events)
+        gr.on([group_stack.change, group_search.change], groups, [group_stack, group_search], [group_table], **events)
         group_table.select(group_members, [group_stack, group_search], [members], api_visibility=PRIVATE)
         chart_stack.change(stack_charts, [chart_stack], [compile_plot, memory_plot], **events)
-        demo.load(refresh_choices, None, [controls.compiler, controls.transformers, controls.device, controls.task, model_choice,
-                                          base, new, group_stack, chart_stack], api_visibility=PRIVATE)
+        demo.load(load_view, None, [*controls.inputs(), base, new, group_stack, chart_stack, model_choice, tabs, *model_components,
+                                    link_note], api_visibility=PRIVATE)
         demo.load(all_charts, [chart_stack], [pass_plot, compile_plot, memory_plot], api_visibility=PRIVATE)
     return demo

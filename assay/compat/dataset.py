@@ -1,5 +1,10 @@
 """The results dataset: one Parquet file per stack, rows written atomically, read with DuckDB.
 
+Two layouts are read through the same functions (`stack_files`): a results folder (the marker and
+`<stack>.parquet` files side by side) and a published dataset folder (`assay publish`, or a local
+snapshot of such a Hub dataset), whose README.md dataset card names each stack's file in its
+`configs:` front matter.
+
 A write takes the stack file's lock, reads the file, replaces the row with the same key, and writes
 the whole file to a temporary name that is renamed over the old one: a crash or kill at any moment
 leaves the previous complete file, never a torn one.
@@ -21,6 +26,7 @@ from assay.core.errors import AssayError
 from assay.core.files import atomic_path, atomic_write_json, remove_stale_temporaries
 
 MARKER = "assay-results.json"
+CARD = "README.md"  # a dataset repository's card; its YAML front matter lists the configs and their files
 
 
 def stack_file(folder: Path, stack_id: str) -> Path:
@@ -47,20 +53,77 @@ def init_results(folder: str | Path) -> Path:
 
 
 def check_results(folder: str | Path) -> Path:
-    """A results folder holds our marker or stack Parquet files; anything else is bad input."""
+    """A results folder holds our marker or stack Parquet files, or a dataset card naming them; anything else is bad input."""
     folder = Path(folder)
     if not folder.is_dir():
         raise AssayError(f"{folder} is not a results folder (it does not exist or is not a folder)")
-    if not (folder / MARKER).exists() and not any(folder.glob("*.parquet")):
-        raise AssayError(f"{folder} is not a results folder (no {MARKER} and no .parquet files)")
+    if not (folder / MARKER).exists() and not stack_files(folder):
+        raise AssayError(f"{folder} is not a results folder (no {MARKER}, no .parquet files and no dataset card naming any)")
     check_stack_files(folder)
     return folder
+
+
+def card_front_matter(card: Path) -> dict:
+    """The YAML header of a README.md dataset card ({} when it has none)."""
+    import yaml
+
+    text = card.read_text(encoding="utf-8", errors="replace")
+    if not text.startswith("---"):
+        return {}
+    end = text.find("\n---", 3)
+    if end < 0:
+        raise AssayError(f"{card}: the YAML front matter has no closing ---")
+    try:
+        header = yaml.safe_load(text[3:end])
+    except yaml.YAMLError as exc:
+        raise AssayError(f"{card}: the YAML front matter does not parse ({str(exc).splitlines()[0]})") from None
+    return header if isinstance(header, dict) else {}
+
+
+def _config_paths(data_files) -> list[str]:
+    # The Hub's forms: "a.parquet", ["a.parquet", ...], [{"split": "train", "path": "a.parquet" | [...]}, ...]
+    if isinstance(data_files, str):
+        return [data_files]
+    paths: list[str] = []
+    for item in data_files if isinstance(data_files, list) else [data_files]:
+        value = item.get("path") if isinstance(item, dict) else item
+        paths += _config_paths(value) if isinstance(value, (str, list)) else []
+    return paths
+
+
+def card_configs(folder: Path) -> dict[str, list[Path]]:
+    """config_name -> its Parquet files, from the folder's dataset card (patterns expanded); {} without a card."""
+    card = Path(folder) / CARD
+    if not card.is_file():
+        return {}
+    configs: dict[str, list[Path]] = {}
+    for config in card_front_matter(card).get("configs") or []:
+        if not isinstance(config, dict):
+            continue
+        files: list[Path] = []
+        for pattern in _config_paths(config.get("data_files")):
+            matched = sorted(folder.glob(pattern)) if any(c in pattern for c in "*?[") else [folder / pattern]
+            for path in matched:
+                if not path.is_file():
+                    raise AssayError(f"{card} names {pattern} in config {config.get('config_name')!r}, which is missing")
+                files.append(path)
+        configs[str(config.get("config_name", "default"))] = [f for f in files if f.suffix == ".parquet"]
+    return configs
+
+
+def stack_files(folder: str | Path) -> list[Path]:
+    """The stack Parquet files of a results folder or of a published dataset folder (its card's configs)."""
+    folder = Path(folder)
+    configs = card_configs(folder)
+    if configs:
+        return sorted({path for files in configs.values() for path in files})
+    return sorted(folder.glob("*.parquet"))
 
 
 def check_stack_files(folder: Path) -> list[Path]:
     """The one gate every reader of a results folder passes: each stack file's Parquet footer is read
     (cheap: metadata only), so a damaged file is named in one line instead of a reader's traceback."""
-    files = sorted(folder.glob("*.parquet"))
+    files = stack_files(folder)
     for path in files:
         try:
             pq.read_schema(path)
@@ -147,7 +210,7 @@ def connect(folder: str | Path):
 
     folder = check_results(folder)
     connection = duckdb.connect()
-    files = sorted(str(p) for p in folder.glob("*.parquet"))
+    files = [str(p) for p in stack_files(folder)]
     if files:
         file_list = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
         connection.execute(f"CREATE VIEW results AS SELECT * FROM read_parquet([{file_list}], union_by_name=true)")
@@ -199,7 +262,7 @@ def merge_results(out: str | Path, sources: list[str | Path]) -> dict[str, int]:
     newest: dict[tuple, dict] = {}
     for source in sources:
         folder = check_results(source)
-        for path in sorted(folder.glob("*.parquet")):
+        for path in stack_files(folder):
             for row in read_stack_rows(path):
                 key = (row["stack_id"], *(row[k] for k in ROW_KEY))
                 if key not in newest or (row.get("started_at") or "") >= (newest[key].get("started_at") or ""):

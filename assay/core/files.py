@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -30,6 +31,31 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a new folder beside `path`; on success it is renamed to `path`, replacing a previous one.
+
+    Readers see the old folder or the new one, never a half-written one; on an error the staging
+    folder is removed and `path` is untouched.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Not ".tmp": remove_stale_temporaries unlinks those as files.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".staging", dir=target.parent))
+    try:
+        yield staging
+        if target.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".retired", dir=target.parent))
+            os.replace(target, retired)  # rename(2) over an empty folder
+            os.replace(staging, target)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+        _fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 @contextlib.contextmanager

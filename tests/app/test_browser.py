@@ -126,3 +126,69 @@ def test_a_planted_script_in_a_result_stays_text(served_app, page):
     page.wait_for_timeout(500)  # an injected onerror would fire once the bad image source fails
     assert page.evaluate("window.__xss") is None
     assert page.locator("#listing b, #model-stacks b, #model-stacks img, #listing img, #traceback script").count() == 0
+
+
+def _paste(page, elem_id: str, text: str) -> None:
+    """Replace a textbox's text the way a paste does: Ctrl+V from the clipboard, no key press that types a character."""
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.evaluate("text => navigator.clipboard.writeText(text)", text)
+    box = page.locator(f"#{elem_id} textarea, #{elem_id} input").first
+    box.click()
+    box.press("Control+a")
+    box.press("Control+v")
+    page.wait_for_function("([el, text]) => el.value === text", arg=[box.element_handle(), text], timeout=TIMEOUT_MS)
+
+
+def test_pasting_or_cutting_the_search_text_filters_like_typing_it(served_app, page):
+    _open(page, served_app)
+    _paste(page, "search", "gpt2")
+    text = _wait_listing(page, lambda t: "Qwen/Qwen3-0.6B" not in t, "only gpt2 rows after a paste")
+    assert "openai-community/gpt2" in text
+    box = page.locator("#search textarea, #search input").first
+    box.press("Control+a")
+    box.press("Control+x")  # cut: the value empties without a key that types
+    _wait_listing(page, lambda t: "Qwen/Qwen3-0.6B" in t and "openai-community/gpt2" in t, "every row again after a cut")
+
+
+def _cell_style(page, table: str, text: str) -> str:
+    # role=gridcell: the grid a user sees (Gradio also keeps a hidden <table> to measure column widths).
+    cell = page.locator(f"#{table} [role=gridcell]").filter(has=page.get_by_text(text, exact=True)).first
+    cell.wait_for(state="attached", timeout=TIMEOUT_MS)
+    return cell.evaluate("el => getComputedStyle(el).backgroundColor")
+
+
+def test_statuses_are_coloured_and_keep_their_text(served_app, page):
+    _open(page, served_app)
+    page.locator("#view").get_by_text("All results", exact=True).click()
+    _listing_has(page, "FAIL_COMPILE")
+    colours = {status: _cell_style(page, "listing", status) for status in ("PASS", "FAIL_COMPILE", "skipped")}
+    assert colours == {"PASS": "rgb(211, 240, 217)", "FAIL_COMPILE": "rgb(251, 213, 213)", "skipped": "rgb(229, 231, 235)"}, colours
+    page.locator("#view").get_by_text("Selected", exact=True).click()
+    _listing_has(page, "not tested")
+    assert _cell_style(page, "listing", "not tested") == "rgb(229, 231, 235)"
+
+
+def test_a_link_opens_the_model_page_on_the_stack_it_names(served_app, page):
+    page.goto(f"{served_app}?model=Qwen/Qwen3-0.6B&stack={NEW}")
+    stacks = page.locator("#model-stacks")
+    stacks.get_by_text(GPU, exact=True).first.wait_for(state="attached", timeout=TIMEOUT_MS)
+    assert page.get_by_role("tab", name="Model", exact=True).get_attribute("aria-selected") == "true"
+    result = page.locator("#result-line textarea, #result-line input").first
+    _wait_value(page, result, "FAIL_RUN")  # the NEW stack's result, not the first stack's PASS
+    assert _cell_style(page, "model-stacks", "FAIL_RUN") == "rgb(251, 213, 213)"
+    link = page.locator("#model-link-a")
+    assert link.get_attribute("href") == f"?model=Qwen%2FQwen3-0.6B&stack={NEW}"
+    # The page's own link, followed, opens the same page.
+    link.click()
+    page.wait_for_url(f"**?model=Qwen%2FQwen3-0.6B&stack={NEW}")
+    _wait_value(page, page.locator("#result-line textarea, #result-line input").first, "FAIL_RUN")
+
+
+def test_a_link_sets_the_listing_filters_and_names_what_it_could_not_use(served_app, page):
+    page.goto(f"{served_app}?view=All%20results&status=fail_run&q=qwen&device=tpu")
+    text = _wait_listing(page, lambda t: "assay-zoo/qwen3" in t and "assay-zoo/llama" not in t and "PASS" not in t,
+                         "only qwen3's FAIL_RUN row")
+    assert "FAIL_RUN" in text
+    assert page.locator("#search textarea, #search input").first.input_value() == "qwen"
+    page.locator("#link-note").get_by_text("device").wait_for(timeout=TIMEOUT_MS)
+    assert page.locator("#view-link-a").get_attribute("href") == "?view=All%20results&q=qwen&status=FAIL_RUN"

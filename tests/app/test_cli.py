@@ -19,7 +19,7 @@ def _one_error_line(result) -> str:
 def test_app_refuses_a_folder_that_is_not_a_results_folder(tmp_path, assay_cli):
     assert "is not a results folder" in _one_error_line(assay_cli("app", str(tmp_path / "missing")))
     (tmp_path / "notes.txt").write_text("hello")
-    assert "no assay-results.json and no .parquet files" in _one_error_line(assay_cli("app", str(tmp_path)))
+    assert "no assay-results.json, no .parquet files" in _one_error_line(assay_cli("app", str(tmp_path)))
 
 
 def test_app_refuses_a_bad_catalog_file(tmp_path, assay_cli):

@@ -205,3 +205,34 @@ def test_ten_thousand_rows_search_and_filter_correctly_and_fast(tmp_path):
     # The bench (bench/app_bench.py) measures properly; this only guards against an order-of-magnitude slip.
     assert elapsed / 4 < 1.0 and load_s < 10, (elapsed, load_s)
     assert all(view in VIEWS for view in (SELECTED, TRENDING, DOWNLOADS, ALL_RESULTS))
+
+
+def test_every_status_has_its_colour_kind_and_other_text_has_none():
+    from assay.app.data import STATUS_COLOURS, status_kind, status_style
+    from assay.compat.schema import STATUSES
+
+    kinds = {result_label: status_kind(result_label) for result_label in [*STATUSES, SKIPPED, NOT_TESTED]}
+    assert kinds == {"PASS": "pass", "FAIL_ACCURACY": "failure", "FAIL_LOAD": "failure", "FAIL_COMPILE": "failure",
+                     "FAIL_RUN": "failure", "OOM": "abnormal", "TIMEOUT": "abnormal", "CRASH": "abnormal", "SKIPPED": "neutral",
+                     SKIPPED: "neutral", NOT_TESTED: "neutral"}
+    assert status_style("PASS") == STATUS_COLOURS["pass"] and status_style("assay-zoo/qwen3") == "" and status_style(None) == ""
+
+
+def test_a_links_query_names_a_view_and_unknown_values_are_left_out(mixed_results):
+    from assay.app.data import View, view_from_query, view_query
+
+    snapshot, catalog = load_snapshot(mixed_results), recorded_catalog()
+    choices, names = filter_choices(snapshot, catalog), model_names(snapshot, catalog)
+    asked = view_from_query({"model": "Qwen/Qwen3-0.6B", "stack": NEW, "status": "fail_run", "view": "all results", "q": " qwen ",
+                             "device": "tpu", "task": "text-generation"}, choices, names)
+    assert asked == View(ALL_RESULTS, Filters(text="qwen", status="FAIL_RUN", task="text-generation", stack=NEW), "Qwen/Qwen3-0.6B",
+                         ("device",))
+    assert view_from_query({"model": "nobody/nothing"}, choices, names) == View(model=None, ignored=("model",))
+    # A link back: values percent-encoded (a name cannot end the href), defaults left out, and it reads back the same.
+    query = view_query(ALL_RESULTS, asked.filters, XSS_MODEL)
+    assert not set(query) & set('<>"\' ') and "view=All%20results" in query and "device" not in query
+    from urllib.parse import parse_qsl
+
+    back = view_from_query(dict(parse_qsl(query[1:])), choices, names + [XSS_MODEL])
+    assert back == View(ALL_RESULTS, asked.filters, XSS_MODEL)
+    assert view_query() == "?"
