@@ -306,6 +306,9 @@ _register_serve(app)
 from assay.serve.bench_commands import register as _register_serve_bench  # noqa: E402
 
 _register_serve_bench(app)
+from assay.selftest.commands import register as _register_selftest  # noqa: E402
+
+_register_selftest(app)
 
 
 def main() -> None:
