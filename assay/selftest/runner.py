@@ -76,9 +76,11 @@ class SelftestResult:
 
 
 def run_selftest(request: SelftestRequest) -> SelftestResult:
-    from assay.core.device import resolve_device
+    from assay.core.device import resolve_backend, resolve_device
 
-    resolve_device(request.device)  # an absent device is bad input (exit 2), not eight failed parts
+    # An absent device or an unknown backend is bad input (exit 2), not a run of failed parts.
+    resolve_device(request.device)
+    resolve_backend(request.compile_backend)
     parts = plan(request)
     out = request.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -180,6 +182,6 @@ def _error_line(log_file: Path) -> str | None:
         lines = [line.strip() for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     except OSError:
         return None
-    errors = [line for line in lines if line.startswith("error:")]
+    errors = [line.removeprefix("error:").strip() for line in lines if line.startswith("error:")]
     line = (errors or lines or [None])[-1]
     return line[:ERROR_LINE_CHARS] if line else None
