@@ -7,15 +7,18 @@ outside still says which parts finished and which never started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator
 
 from assay.core.files import atomic_path, atomic_write_json
 from assay.selftest.parts import Part, SelftestRequest, plan
@@ -90,21 +93,70 @@ def run_selftest(request: SelftestRequest) -> SelftestResult:
         load_average_start=os.getloadavg(),
     )
     started = time.perf_counter()
-    deadline = started + request.total_budget_s
     atomic_write_json(out / SUMMARY_FILE, result.as_dict())
-    from assay.core.progress import progress_bar
-
-    with progress_bar(f"selftest on {request.device}", total=len(parts), enabled=request.progress) as advance:
-        for part, record in zip(parts, result.parts):
-            _note(f"{part.name}: running (limit {part.timeout_s:g} s)", request.progress)
-            _run_part(part, record, out, deadline, {p.name: p.status for p in result.parts})
-            _note(f"{part.name}: {record.status} in {record.seconds or 0:.1f} s - {record.error or record.headline or ''}", request.progress)
-            atomic_write_json(out / SUMMARY_FILE, result.as_dict())
-            advance(f"{part.name} {record.status}")
+    with _Stop.on_signals() as stop:
+        _run_parts(parts, result, started + request.total_budget_s, stop)
     result.wall_s = time.perf_counter() - started
     result.load_average_end = os.getloadavg()
     atomic_write_json(out / SUMMARY_FILE, result.as_dict())
     return result
+
+
+class _Stop:
+    """SIGTERM (a job runner's time limit) or SIGINT during the run: the running part's process group is
+    killed at once, then the run ends as interrupted. Never an exception raised mid-Popen, which could
+    leave a part running on the device with nobody to kill it."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.process: subprocess.Popen | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def on_signals(cls) -> Iterator["_Stop"]:
+        stop = cls()
+        if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+            yield stop
+            return
+        previous = {signum: signal.signal(signum, stop.handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield stop
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def handle(self, signum, frame) -> None:
+        self.requested = True
+        self.kill()
+
+    def started(self, process: subprocess.Popen) -> None:
+        self.process = process
+        if self.requested:  # the signal came while the part was being started
+            self.kill()
+
+    def kill(self) -> None:
+        """The running part's whole group (process_group=0: its group id is its pid), even once the part
+        itself has exited: what it started (compile workers) goes with it."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def _run_parts(parts: list[Part], result: SelftestResult, deadline: float, stop: _Stop) -> None:
+    from assay.core.progress import progress_bar
+
+    out, shown = result.request.out, result.request.progress
+    with progress_bar(f"selftest on {result.request.device}", total=len(parts), enabled=shown) as advance:
+        for part, record in zip(parts, result.parts):
+            _note(f"{part.name}: running (limit {part.timeout_s:g} s)", shown)
+            _run_part(part, record, out, deadline, {p.name: p.status for p in result.parts}, stop)
+            if stop.requested:
+                record.status, record.error = FAILED, "interrupted"
+            atomic_write_json(out / SUMMARY_FILE, result.as_dict())
+            if stop.requested:
+                raise KeyboardInterrupt
+            _note(f"{part.name}: {record.status} in {record.seconds or 0:.1f} s - {record.error or record.headline or ''}", shown)
+            advance(f"{part.name} {record.status}")
 
 
 def _note(line: str, enabled: bool) -> None:
@@ -113,7 +165,7 @@ def _note(line: str, enabled: bool) -> None:
         sys.stderr.flush()
 
 
-def _run_part(part: Part, record: PartResult, out: Path, deadline: float, statuses: dict[str, str]) -> None:
+def _run_part(part: Part, record: PartResult, out: Path, deadline: float, statuses: dict[str, str], stop: _Stop) -> None:
     record.command = [sys.executable, *part.argv]
     record.timeout_s = part.timeout_s
     record.files = list(part.files)
@@ -130,7 +182,7 @@ def _run_part(part: Part, record: PartResult, out: Path, deadline: float, status
     limit = min(part.timeout_s, left)
     record.output, record.log = f"{part.name}.json", f"logs/{part.name}.log"
     started = time.perf_counter()
-    returncode, timed_out = _run_process(record.command, out / record.output, out / record.log, limit)
+    returncode, timed_out = _run_process(record.command, out / record.output, out / record.log, limit, stop)
     record.seconds = time.perf_counter() - started
     record.returncode = returncode
     if timed_out:
@@ -151,29 +203,24 @@ def _run_part(part: Part, record: PartResult, out: Path, deadline: float, status
         record.status = PASSED
 
 
-def _run_process(argv: list[str], stdout_file: Path, log_file: Path, timeout: float) -> tuple[int, bool]:
-    """(returncode, timed_out). Its own session: past the limit, the part and every process it started go."""
+def _run_process(argv: list[str], stdout_file: Path, log_file: Path, timeout: float, stop: _Stop) -> tuple[int, bool]:
+    """(returncode, timed_out). Its own process group: past the limit, the part and every process it started
+    go. Not its own session, so a job runner that ends this one's session ends the part with it."""
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     # Local checkpoints only: a Hub call from a machine with no network would hang until its own timeout.
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
     with atomic_path(stdout_file) as tmp, open(tmp, "wb") as stdout, open(log_file, "wb") as log:
-        process = subprocess.Popen(argv, stdout=stdout, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        process = subprocess.Popen(argv, stdout=stdout, stderr=log, stdin=subprocess.DEVNULL, env=env, process_group=0)
+        stop.started(process)
         try:
             return process.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
-            return _kill(process), True
-        except BaseException:  # interrupted: leave nothing running on the device
-            _kill(process)
-            raise
-
-
-def _kill(process: subprocess.Popen) -> int:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    return process.wait()
+            stop.kill()
+            return process.wait(), True
+        finally:
+            stop.kill()
+            stop.process = None
 
 
 def _error_line(log_file: Path) -> str | None:

@@ -4,8 +4,12 @@ real command, is recorded with a status, and a part that fails or is killed does
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -90,6 +94,35 @@ def test_a_part_is_not_started_past_the_run_budget(tmp_path):
     result = run_selftest(SelftestRequest(out=tmp_path, quick=True, parts=("gla",), budget_s=MIN_PART_S - 1, progress=False))
     assert result.parts[0].status == "NOT_RUN" and "budget" in result.parts[0].error and not result.ok
     assert not (tmp_path / "gla.json").exists()  # never started
+
+
+def _processes_with(marker: str) -> list[int]:
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                pids.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours
+            pass
+    return pids
+
+
+def test_sigterm_kills_the_running_part_and_records_it(tmp_path):
+    """A job runner's time limit (SIGTERM) must not leave a part running on the device."""
+    marker = f"ASSAY_SELFTEST_MARKER_{uuid.uuid4().hex}"
+    parent = subprocess.Popen([sys.executable, "-m", "assay", "selftest", "--quick", "--out", str(tmp_path), "--parts", "gla"],
+                              env=os.environ | {marker: "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(_processes_with(marker)) < 2 and time.monotonic() < deadline:  # the selftest and its gla part
+        time.sleep(0.2)
+    assert len(_processes_with(marker)) >= 2
+    parent.send_signal(signal.SIGTERM)
+    parent.communicate(timeout=30)
+    assert parent.returncode == 130  # Typer's exit code for an interrupt
+    time.sleep(0.5)
+    assert _processes_with(marker) == []
+    gla = json.loads((tmp_path / "selftest.json").read_text())["parts"][0]
+    assert gla["status"] == "FAILED" and gla["error"] == "interrupted"
 
 
 @pytest.mark.parametrize(
