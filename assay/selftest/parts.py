@@ -127,7 +127,8 @@ def group(name: str) -> str:
 
 
 def plan(request: SelftestRequest) -> list[Part]:
-    """Every part of the run, in order, with its time limit; `--parts` and `--timeouts` applied."""
+    """Every part of the run, in order, with its time limit; `--parts` (plus what those parts need) and
+    `--timeouts` applied."""
     sizes, device, backend, zoo = request.sizes, request.device, request.compile_backend, request.zoo_dir
     assay = ("-m", "assay")
 
@@ -166,8 +167,11 @@ def plan(request: SelftestRequest) -> list[Part]:
     names = [p.name for p in parts]
     _check_names("--parts", request.parts or (), names)
     _check_names("--timeouts", request.timeouts, names)
-    chosen = [p for p in parts if not request.parts or p.name in request.parts or group(p.name) in request.parts]
-    return chosen
+    if not request.parts:
+        return parts
+    chosen = [p for p in parts if p.name in request.parts or group(p.name) in request.parts]
+    needed = {name for p in chosen for name in p.needs}  # `--parts train` builds (or finds) its zoo entry first
+    return [p for p in parts if p in chosen or p.name in needed]
 
 
 def _check_names(flag: str, given, names: list[str]) -> None:

@@ -154,6 +154,7 @@ def test_the_full_plan_is_the_issue_s_check(tmp_path):
     assert "--lengths 4096,16384" in argv["gla"]
     assert "--concurrency 64" in argv["serve"] and "--buckets 1,2,4,8,16,32,64" in argv["serve"] and "--modes buckets" in argv["serve"]
     assert SelftestRequest(out=tmp_path, device="cuda").total_budget_s <= 8 * 60
+    assert [part.name for part in plan(SelftestRequest(out=tmp_path, parts=("train", "kernels")))] == ["zoo", "kernels", "train"]
     grouped = plan(SelftestRequest(out=tmp_path, device="cuda", timeouts={"probe": 7, "probe-gpt2": 9}))
     assert {part.name: part.timeout_s for part in grouped if part.name.startswith("probe")} == {
         "probe-qwen3": 7, "probe-gpt2": 9, "probe-mixtral": 7}
