@@ -20,6 +20,7 @@ from assay.core.errors import AssayError
 from assay.kernels.commands import register as register_kernels
 from assay.recall.commands import register as register_recall
 from assay.serve.bench_commands import register as register_serve_bench
+from assay.selftest.commands import register as register_selftest
 from assay.serve.commands import register as register_serve
 from assay.train.commands import register as register_train
 from assay.zoo.commands import register as register_zoo
@@ -28,7 +29,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 # The order is the order of `assay --help` (commands first, then groups, each in registration order).
 for register in (register_zoo, register_core, register_compat, register_train, register_app, register_kernels,
-                 register_recall, register_serve, register_serve_bench):
+                 register_recall, register_serve, register_serve_bench, register_selftest):
     register(app)
 
 
