@@ -295,15 +295,17 @@ def _with_explicit_scores(scores, parts: _ChunkParts, scale: float) -> torch.Ten
     explicit = parts.explicit  # [B, H, N]
     if torch.compiler.is_compiling():
         # One graph whatever the gates: cond runs the explicit branch only when some chunk needs it;
-        # the branch computes every chunk's explicit scores and keeps them where needed.
+        # the branch computes every chunk's explicit scores and keeps them where needed. Both
+        # branches return flat tensors: under dynamic shapes their strides must agree symbolically.
         def with_explicit(scores, q_c, k_c, g_c, explicit):
             full = _explicit_scores(q_c.flatten(0, 2), k_c.flatten(0, 2), g_c.flatten(0, 2), scale).view(scores.shape)
-            return torch.where(explicit[..., None, None], full, scores)
+            return torch.where(explicit[..., None, None], full, scores).flatten()
 
         def without(scores, q_c, k_c, g_c, explicit):
-            return scores.clone()
+            return scores.flatten().clone()
 
-        return torch.cond(explicit.any(), with_explicit, without, (scores, parts.q_c, parts.k_c, parts.g_c, explicit))
+        flat = torch.cond(explicit.any(), with_explicit, without, (scores, parts.q_c, parts.k_c, parts.g_c, explicit))
+        return flat.view(scores.shape)
     if explicit.any():
         index = explicit.flatten().nonzero().squeeze(1)
         picked = [x.flatten(0, 2)[index] for x in (parts.q_c, parts.k_c, parts.g_c)]
@@ -318,16 +320,18 @@ def _add_explicit_grads(grad_q, grad_k, parts: _ChunkParts, grad_scores, scale: 
         def with_explicit(grad_q, grad_k, q_c, k_c, g_c, grad_scores, explicit):
             dq, dk = _explicit_score_grads(*(x.flatten(0, 2) for x in (q_c, k_c, g_c, grad_scores)), scale)
             keep = explicit[..., None, None]
-            return grad_q + torch.where(keep, dq.view(grad_q.shape), 0.0), grad_k + torch.where(keep, dk.view(grad_k.shape), 0.0)
+            dq = torch.where(keep, dq.view(grad_q.shape), 0.0)
+            dk = torch.where(keep, dk.view(grad_k.shape), 0.0)
+            return (grad_q + dq).flatten(), (grad_k + dk).flatten()
 
         def without(grad_q, grad_k, q_c, k_c, g_c, grad_scores, explicit):
-            return grad_q.clone(), grad_k.clone()
+            return grad_q.flatten().clone(), grad_k.flatten().clone()
 
         dq, dk = torch.cond(
             explicit.any(), with_explicit, without, (grad_q, grad_k, parts.q_c, parts.k_c, parts.g_c, grad_scores, explicit)
         )
-        grad_q.copy_(dq)
-        grad_k.copy_(dk)
+        grad_q.copy_(dq.view(grad_q.shape))
+        grad_k.copy_(dk.view(grad_k.shape))
         return
     if explicit.any():
         index = explicit.flatten().nonzero().squeeze(1)
