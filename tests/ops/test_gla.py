@@ -300,15 +300,4 @@ def test_compiled_mixed_forms_match_eager_inductor():
 
 
 def test_compiled_chunk_matches_eager():
-    q, k, v, g, h0 = make_inputs(37, 1.0)
-    compiled = compile_fn(gla_chunk, "aot_eager", fullgraph=True, dynamic=False)
-    leaves_eager = [x.clone().requires_grad_() for x in (q, k, v, g)]
-    leaves_compiled = [x.clone().requires_grad_() for x in (q, k, v, g)]
-    o_eager, state_eager = gla_chunk(*leaves_eager, initial_state=h0, output_final_state=True, chunk_size=16)
-    o_compiled, state_compiled = compiled(*leaves_compiled, initial_state=h0, output_final_state=True, chunk_size=16)
-    assert_close("compiled_vs_eager", o_compiled, o_eager, torch.float32)
-    assert_close("compiled_vs_eager", state_compiled, state_eager, torch.float32)
-    (o_eager.sum() + state_eager.sum()).backward()
-    (o_compiled.sum() + state_compiled.sum()).backward()
-    for leaf_compiled, leaf_eager in zip(leaves_compiled, leaves_eager):
-        assert_close("compiled_vs_eager", leaf_compiled.grad, leaf_eager.grad, torch.float32)
+    _compiled_matches_eager("aot_eager", make_inputs(37, 1.0), 16)
