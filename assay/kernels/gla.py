@@ -14,6 +14,15 @@ without a rounding step.
 `gla_chunk` is the plain-PyTorch port of the chunkwise-parallel kernel (no Triton): the sequence is
 cut into chunks of C tokens; within a chunk, outputs are a masked [C, C] score matrix times v
 (parallel over chunks); between chunks only a [K, V] state per head travels (a loop over chunks).
+Its forward and backward are written out (`_GLAChunkFunction`): the backward recomputes the per-chunk
+tensors from q, k, v, g and the chunk-entry states, so autograd keeps O(T*K) per head, not O(T*C*K).
+
+Two forms of the [C, C] scores, chosen per (batch, head, chunk) from the gates' range (docs/gla.md):
+- factorised (fast, two matmuls): scores = (q * exp(b)) (k * exp(-b))^T with b the cumulative log gate
+  inside the chunk, written as (q exp(b) e^{-B/2}) (k exp(B - b) e^{-B/2})^T so that no factor exceeds
+  exp(|B|/2); exact while the chunk's total log decay B is >= -FACTORISED_LOG_RANGE in every channel;
+- explicit (gates that wipe the state inside one chunk): the [C, C, K] decays exp(b_i - b_j) built
+  from a float64 cumulative sum, only for the chunks that need it.
 """
 
 from __future__ import annotations
@@ -23,14 +32,19 @@ import torch.nn.functional as F
 
 from assay.core.errors import AssayError
 
-# Within a chunk, decays are applied relative to a point between query and key, so every exp()
-# argument is <= 0 (no overflow whatever the gate). A sub-chunk is the unit that point moves by:
-# inside one sub-chunk the [S, S, K] decay tensor is built explicitly (the "diagonal blocks").
-SUB_CHUNK = 16
 MIN_CHUNK = 16
 MAX_CHUNK = 128
-# gla_chunk works through the sequence this many tokens (rounded down to whole chunks) at a time.
-SEGMENT_TOKENS = 2048
+CHUNK_MULTIPLE = 16
+# The factorised form's factors reach exp(|B|/2) and the discarded upper triangle exp(|B|): at 60,
+# e^30 and e^60 = 1e26, far from float32's 3e38 even times K |q| |k|, and exp(b) >= e^-60 stays a
+# normal float32 (no denormals, whose arithmetic is slow and inexact).
+FACTORISED_LOG_RANGE = 60.0
+# gla_chunk works through the sequence this many tokens (rounded down to whole chunks) at a time:
+# one segment's [T, H, K] intermediates (1 MB at H=4, K=64 in float32) stay in this CPU's 2 MB L2,
+# and only one [K, V] state crosses a segment boundary. 1024 was the fastest of 256 to 16K at 4K tokens.
+SEGMENT_TOKENS = 1024
+# The explicit form's [chunks, C, C, K] decay tensor is built this many elements at a time (memory).
+EXPLICIT_BLOCK_ELEMENTS = 1 << 22
 
 
 def _accumulation_dtype(*dtypes: torch.dtype) -> torch.dtype:
@@ -61,10 +75,10 @@ def _check_chunk_size(chunk_size) -> None:
         isinstance(chunk_size, bool)
         or not isinstance(chunk_size, int)
         or not MIN_CHUNK <= chunk_size <= MAX_CHUNK
-        or chunk_size % SUB_CHUNK
+        or chunk_size % CHUNK_MULTIPLE
     ):
         raise AssayError(
-            f"gla_chunk: chunk_size must be a multiple of {SUB_CHUNK} from {MIN_CHUNK} to {MAX_CHUNK} "
+            f"gla_chunk: chunk_size must be a multiple of {CHUNK_MULTIPLE} from {MIN_CHUNK} to {MAX_CHUNK} "
             f"(16, 32, 48, ..., 128); got {chunk_size!r}"
         )
 
@@ -109,113 +123,251 @@ def gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     """
     _check_chunk_size(chunk_size)
     batch, time, heads, key_dim, value_dim = _check_inputs(q, k, v, g, initial_state)
-    scale = key_dim**-0.5 if scale is None else scale
+    scale = key_dim**-0.5 if scale is None else float(scale)
     accum = _accumulation_dtype(q.dtype)
     if initial_state is None:
         state = torch.zeros(batch, heads, key_dim, value_dim, dtype=accum, device=q.device)
     else:
         state = initial_state.to(accum)
-    # Segments of whole chunks, the state carried between them: the intermediates of one segment stay
-    # in cache, which made 16K tokens 2.3x faster on this project's 2-core CPU than one pass over all of them.
     segment = chunk_size * max(1, SEGMENT_TOKENS // chunk_size)
     # split, not slicing: split's backward is one cat, each slice's would fill a whole-input zero tensor.
     outputs = []
     segments = zip(*(x.split(segment, dim=1) for x in (q, k, v, g))) if time else ()
     for q_seg, k_seg, v_seg, g_seg in segments:
-        o_segment, state = _chunk_segment(q_seg, k_seg, v_seg, g_seg, state, scale, chunk_size)
+        o_segment, state = _segment(q_seg, k_seg, v_seg, g_seg, state, scale, chunk_size)
         outputs.append(o_segment)
-    o = torch.cat(outputs, dim=1) if outputs else q.new_zeros(batch, 0, heads, value_dim)
+    if not outputs:
+        o = q.new_zeros(batch, 0, heads, value_dim)
+    else:
+        o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
     return o.to(q.dtype), (state if output_final_state else None)
 
 
-def _chunk_segment(q, k, v, g, state, scale, chunk_size):
-    """One segment: (o [B, T, H, V] in the accumulation dtype, state after it [B, H, K, V]).
-
-    q, k, g: [B, T, H, K]; v: [B, T, H, V]; state: [B, H, K, V] in the accumulation dtype.
-    Inside, C = chunk_size, N = number of chunks, S = SUB_CHUNK, n = C // S sub-chunks per chunk:
-      per-chunk tensors are [B, H, N, C, D], sub-chunk views [B, H, N, n, S, D].
-    """
-    batch, time, heads, _ = q.shape
-    value_dim = v.shape[-1]
-    n_sub = chunk_size // SUB_CHUNK
-    # Padding the end with k = v = q = 0 and g = 0 (no decay) leaves the state untouched through the
-    # padded steps, so any T works and the final state is the one after token T.
+def _segment(q, k, v, g, state, scale, chunk_size):
+    """[B, T, H, D] inputs -> (o [B, T, H, V] in the accumulation dtype, state after them)."""
+    time = q.shape[1]
     pad = (-time) % chunk_size
-    n_chunks = (time + pad) // chunk_size
 
-    def to_sub_chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, D] -> [B, H, N, n, S, D]
-        x = F.pad(x.to(state.dtype).transpose(1, 2), (0, 0, 0, pad))
-        return x.reshape(batch, heads, n_chunks, n_sub, SUB_CHUNK, x.shape[-1])
+    # Padding the end with k = v = q = 0 and g = 0 (no decay) leaves the state untouched through the
+    # padded steps, so any T works and the final state is the one after token T. The layout change
+    # to [B, H, T, D] happens inside the Function, fused into its first elementwise ops.
+    def whole_chunks(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(state.dtype)
+        return F.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x
 
-    q_s = to_sub_chunks(q) * scale
-    k_s, v_s, g_s = to_sub_chunks(k), to_sub_chunks(v), to_sub_chunks(g)
-
-    # Log decays, all <= 0, built from short sums so that nearby positions (whose decay matters)
-    # never come from the difference of two long sums (which would cost float32 precision):
-    within = g_s.cumsum(-2)  # from the sub-chunk's start through position i (inclusive)
-    g_next = F.pad(g_s[..., 1:, :], (0, 0, 0, 1))
-    after = g_next.flip(-2).cumsum(-2).flip(-2)  # from after position j to the sub-chunk's end
-    sub_totals = within[..., -1, :]  # [B, H, N, n, K]: over each whole sub-chunk
-    through_sub = sub_totals.cumsum(-2)  # chunk start through the end of sub-chunk J
-    before_sub = F.pad(through_sub[..., :-1, :], (0, 0, 1, 0))  # chunk start up to sub-chunk I's start
-    chunk_totals = through_sub[..., -1, :]  # [B, H, N, K]: over each whole chunk
-
-    scores = _intra_chunk_scores(q_s, k_s, within, after, through_sub, before_sub)  # [B, H, N, C, C]
-    v_c = v_s.flatten(-3, -2)  # [B, H, N, C, V]
-    o_intra = scores @ v_c
-
-    # Between chunks: each chunk's keys decayed to the chunk's end form its state update.
-    to_chunk_end = after + (chunk_totals.unsqueeze(-2) - through_sub).unsqueeze(-2)  # [B, H, N, n, S, K]
-    keys_to_end = (k_s * to_chunk_end.exp()).flatten(-3, -2)  # [B, H, N, C, K]
-    chunk_updates = keys_to_end.transpose(-1, -2) @ v_c  # [B, H, N, K, V]
-    chunk_decays = chunk_totals.exp().unsqueeze(-1)  # [B, H, N, K, 1]
-
-    # unbind, not indexing in the loop: the backward of one unbind is one stack, while each indexed
-    # slice's backward would write a zero tensor the size of the whole input (quadratic in N).
-    states_before = []
-    for chunk_decay, chunk_update in zip(chunk_decays.unbind(2), chunk_updates.unbind(2)):
-        states_before.append(state)
-        state = chunk_decay * state + chunk_update
-    states_before = torch.stack(states_before, dim=2)  # [B, H, N, K, V]: state entering each chunk
-
-    queries_from_start = (q_s * (before_sub.unsqueeze(-2) + within).exp()).flatten(-3, -2)  # [B, H, N, C, K]
-    o_inter = queries_from_start @ states_before  # [B, H, N, C, V]
-
-    o = (o_intra + o_inter).reshape(batch, heads, n_chunks * chunk_size, value_dim)[:, :, :time]
-    return o.transpose(1, 2), state
+    o, state, _ = _GLAChunkFunction.apply(*map(whole_chunks, (q, k, v, g)), state, scale, chunk_size)
+    return (o[:, :time] if pad else o), state
 
 
-def _intra_chunk_scores(q_s, k_s, within, after, through_sub, before_sub):
-    """scores[i, j] = sum_k q_ik k_jk exp(decay from after j through i) for j <= i, else 0.
+class _GLAChunkFunction(torch.autograd.Function):
+    """GLA over whole chunks: q, k, g [B, T, H, K], v [B, T, H, V] (T a multiple of C), state [B, H, K, V].
 
-    q_s, k_s, within, after: [B, H, N, n, S, K]; through_sub, before_sub: [B, H, N, n, K].
-    Returns [B, H, N, C, C]. Every exp() argument is <= 0, and the entries above the diagonal
-    (j > i) are never computed: the loops below visit only the lower triangle, which halves the
-    elementwise work that dominates this function on CPU.
+    Returns (o [B, T, H, V], final state, the [B, H, N, K, V] states entering each chunk); saves only
+    its inputs and those states: the backward recomputes decays and scores from them (a few
+    elementwise passes and one matmul more than keeping them, and no O(T * C) tensor alive between
+    forward and backward). setup_context form, so that torch.func (gla_op's VJP) can run it too.
     """
-    *lead, n_sub, sub, key_dim = q_s.shape
-    chunk = n_sub * sub
 
-    # Diagonal blocks (query and key in one sub-chunk), one key position j at a time, rows i >= j:
-    # the explicit per-channel decay exp(within_i - within_j), in float32.
-    diag_columns = []
-    for j in range(sub):
-        log_decay = within[..., j:, :] - within[..., j : j + 1, :]  # [..., n, S - j, K]
-        column = (q_s[..., j:, :] * k_s[..., j : j + 1, :] * log_decay.exp()).sum(-1)  # [..., n, S - j]
-        diag_columns.append(F.pad(column, (j, 0)))
-    diag_scores = torch.stack(diag_columns, dim=-1)  # [..., n, S(i), S(j)]
+    @staticmethod
+    def forward(q, k, v, g, initial_state, scale, chunk_size):
+        parts = _chunk_parts(q, k, g, chunk_size)
+        v_c = _chunked(v, chunk_size).contiguous()  # [B, H, N, C, V]
+        scores = _scores(parts, scale)  # [B, H, N, C, C]
+        updates = _bmm(parts.keys_out.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
+        states, final = _scan_states(initial_state, parts.chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
+        # o = scores v + scale * (q exp(b)) S_entry, the second added inside the batched matmul.
+        o = _bmm(parts.queries_in, states, add=_bmm(scores, v_c), alpha=scale)
+        return o.flatten(2, 3).transpose(1, 2), final, states
 
-    # Off-diagonal blocks (key in an earlier sub-chunk J < I): decays meet at the start of the query's
-    # sub-chunk I; the query carries the decay after that point, each key the decay up to it.
-    queries_rel = q_s * within.exp()  # [..., n, S, K]
-    score_rows = []
-    for block in range(n_sub):
-        row_parts = []
-        if block:
-            between = (before_sub[..., block : block + 1, :] - through_sub[..., :block, :]).unsqueeze(-2)  # [..., I, 1, K]
-            keys_rel = (k_s[..., :block, :, :] * (after[..., :block, :, :] + between).exp()).flatten(-3, -2)  # [..., I*S, K]
-            row_parts.append(queries_rel[..., block, :, :] @ keys_rel.transpose(-1, -2))  # [..., S, I*S]
-        row_parts.append(diag_scores[..., block, :, :])
-        row = torch.cat(row_parts, dim=-1)  # [..., S, (I+1)*S]
-        score_rows.append(F.pad(row, (0, chunk - (block + 1) * sub)))
-    return torch.cat(score_rows, dim=-2)
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, g, _, scale, chunk_size = inputs
+        _, final, states = output
+        ctx.save_for_backward(q, k, v, g, states, final)
+        ctx.mark_non_differentiable(states)
+        ctx.scale, ctx.chunk_size = scale, chunk_size
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_final, _):
+        q, k, v, g, states_before, final = ctx.saved_tensors
+        scale, chunk_size = ctx.scale, ctx.chunk_size
+        parts = _chunk_parts(q, k, g, chunk_size)
+        scores = _scores(parts, scale)
+        v_c = _chunked(v, chunk_size).contiguous()
+        do = _chunked(grad_o, chunk_size).contiguous()  # [B, H, N, C, V]
+        if grad_final is None:
+            grad_final = torch.zeros_like(final)
+
+        # State gradients, last chunk first: dS_n = exp(B_n) dS_{n+1} + scale (q exp(b))_n^T do_n.
+        from_outputs = _bmm(parts.queries_in.transpose(-1, -2), do, alpha=scale)  # [B, H, N, K, V]
+        grad_after = []
+        grad_state = grad_final
+        for decay, from_output in zip(reversed(parts.chunk_decay.unbind(2)), reversed(from_outputs.unbind(2))):
+            grad_after.append(grad_state)
+            grad_state = torch.addcmul(from_output, decay, grad_state)
+        grad_after = torch.stack(grad_after[::-1], dim=2)  # [B, H, N, K, V]: gradient of each chunk's exit state
+        states_after = torch.cat([states_before[:, :, 1:], final.unsqueeze(2)], dim=2)
+
+        grad_scores = _bmm(do, v_c.transpose(-1, -2)).tril_()  # [B, H, N, C, C]
+        grad_v = _bmm(parts.keys_out, grad_after, add=_bmm(scores.transpose(-1, -2), do))
+        # q and k: the part through the states plus the factorised intra-chunk part (zero in explicit
+        # chunks, whose rescale is 0), in decayed units, then times the decays.
+        grad_q = _bmm(grad_scores, parts.keys_out * parts.rescale_sq, add=_bmm(do, states_before.transpose(-1, -2)), alpha=scale, beta=scale)
+        grad_q.mul_(parts.decay_in)
+        grad_k = _bmm(grad_scores.transpose(-1, -2), parts.queries_in * parts.rescale_sq, add=_bmm(v_c, grad_after.transpose(-1, -2)), alpha=scale)
+        grad_k.mul_(parts.decay_out)
+        _add_explicit_grads(grad_q, grad_k, parts, grad_scores, scale)
+
+        # g: scores depend on b_i - b_j only, so db = q dq - k dk; the chunk total B also scales the
+        # exit state (exp(B) S_entry + keys_out^T v, both linear in exp(B) per key channel's row).
+        grad_b = torch.mul(grad_q, parts.q_c).addcmul_(grad_k, parts.k_c, value=-1.0)
+        grad_b[..., -1, :] += (grad_after * states_after).sum(-1)
+        grad_g = grad_b.flip(-2).cumsum(-2).flip(-2)  # b_i sums g_t for t <= i
+
+        def back(x):  # [B, H, N, C, D] -> [B, T, H, D] (a view)
+            return x.flatten(2, 3).transpose(1, 2)
+
+        return back(grad_q), back(grad_k), back(grad_v), back(grad_g), grad_state, None, None
+
+
+class _ChunkParts:
+    """Per-chunk tensors the forward and the backward both build. [B, H, N, C, K] unless noted."""
+
+    def __init__(self, **tensors):
+        self.__dict__.update(tensors)
+
+
+def _chunked(x: torch.Tensor, chunk_size: int) -> torch.Tensor:  # [B, T, H, D] -> [B, H, N, C, D] (a view)
+    return x.transpose(1, 2).unflatten(2, (x.shape[1] // chunk_size, chunk_size))
+
+
+def _bmm(a, b, add=None, alpha: float = 1.0, beta: float = 1.0) -> torch.Tensor:
+    """alpha a @ b (+ beta add) over [B, H, N] batch dims as one batched matmul: bmm takes transposed
+    operands as they are, where a 5-D matmul would copy them."""
+    a3, b3 = a.flatten(0, -3), b.flatten(0, -3)
+    if add is None:
+        out = torch.bmm(a3, b3) if alpha == 1.0 else torch.baddbmm(a3.new_empty(()), a3, b3, beta=0.0, alpha=alpha)
+    else:
+        out = torch.baddbmm(add.flatten(0, -3), a3, b3, beta=beta, alpha=alpha)
+    return out.view(*a.shape[:-1], b.shape[-1])
+
+
+def _chunk_parts(q, k, g, chunk_size) -> _ChunkParts:
+    """Decays and decayed q, k, from [B, T, H, K] inputs; the first op on each also makes [B, H, N, C, K]."""
+    q_c, k_c, g_c = (_chunked(x, chunk_size) for x in (q, k, g))
+    b = g_c.cumsum(-2)  # log decay from the chunk's start through position i, <= 0
+    total = b[..., -1:, :]  # [B, H, N, 1, K]: over the whole chunk
+    decay_in = b.exp()  # <= 1
+    decay_out = torch.sub(total, b).exp_()  # from after position j to the chunk's end, <= 1
+    factorised = total.amin(-1, keepdim=True) >= -FACTORISED_LOG_RANGE  # [B, H, N, 1, 1]
+    # (q exp(b)) (k exp(B - b) exp(-B))^T = q k^T exp(b_i - b_j): the second factor is at most
+    # exp(RANGE) |k| in a factorised chunk; 0 in an explicit chunk (its scores are replaced).
+    rescale_sq = torch.where(factorised, (-total).clamp(max=FACTORISED_LOG_RANGE).exp(), 0.0)
+    return _ChunkParts(
+        q_c=q_c, k_c=k_c, g_c=g_c, decay_in=decay_in, decay_out=decay_out, rescale_sq=rescale_sq,
+        queries_in=torch.mul(decay_in, q_c), keys_out=torch.mul(decay_out, k_c),  # contiguous, as decay_*
+        explicit=~factorised[..., 0, 0], chunk_decay=total.exp().transpose(-1, -2),  # [B, H, N, K, 1]
+    )
+
+
+def _scores(parts: _ChunkParts, scale: float) -> torch.Tensor:
+    """[B, H, N, C, C]: scale q_i . k_j exp(b_i - b_j) for j <= i, 0 above the diagonal."""
+    scores = _bmm(parts.queries_in, (parts.keys_out * parts.rescale_sq).transpose(-1, -2), alpha=scale).tril_()
+    return _with_explicit_scores(scores, parts, scale)
+
+
+def _scan_states(state, chunk_decay, updates):
+    """S_{n+1} = exp(B_n) S_n + U_n from [B, H, K, V], [B, H, N, K, 1], [B, H, N, K, V]:
+    (the states entering each chunk [B, H, N, K, V], the state after the last)."""
+    states = []
+    # unbind, not indexing: one op to split, and one stack to join.
+    for decay, update in zip(chunk_decay.unbind(2), updates.unbind(2)):
+        states.append(state)
+        state = torch.addcmul(update, decay, state)
+    return torch.stack(states, dim=2), state
+
+
+# ---------------------------------------------------------------- the explicit form, per chunk
+
+
+def _with_explicit_scores(scores, parts: _ChunkParts, scale: float) -> torch.Tensor:
+    """scores with those of the chunks whose gates rule out the factorised form written explicitly."""
+    explicit = parts.explicit  # [B, H, N]
+    if torch.compiler.is_compiling():
+        # One graph whatever the gates: cond runs the explicit branch only when some chunk needs it;
+        # the branch computes every chunk's explicit scores and keeps them where needed. Both
+        # branches return flat tensors: under dynamic shapes their strides must agree symbolically.
+        def with_explicit(scores, q_c, k_c, g_c, explicit):
+            full = _explicit_scores(q_c.flatten(0, 2), k_c.flatten(0, 2), g_c.flatten(0, 2), scale).view(scores.shape)
+            return torch.where(explicit[..., None, None], full, scores).flatten()
+
+        def without(scores, q_c, k_c, g_c, explicit):
+            return scores.flatten().clone()
+
+        flat = torch.cond(explicit.any(), with_explicit, without, (scores, parts.q_c, parts.k_c, parts.g_c, explicit))
+        return flat.view(scores.shape)
+    if explicit.any():
+        index = explicit.flatten().nonzero().squeeze(1)
+        picked = [x.flatten(0, 2)[index] for x in (parts.q_c, parts.k_c, parts.g_c)]
+        scores.flatten(0, 2)[index] = _explicit_scores(*picked, scale)
+    return scores
+
+
+def _add_explicit_grads(grad_q, grad_k, parts: _ChunkParts, grad_scores, scale: float) -> None:
+    """Add the explicit chunks' intra-chunk gradients of q and k (the factorised part left them 0)."""
+    explicit = parts.explicit
+    if torch.compiler.is_compiling():
+        def with_explicit(grad_q, grad_k, q_c, k_c, g_c, grad_scores, explicit):
+            dq, dk = _explicit_score_grads(*(x.flatten(0, 2) for x in (q_c, k_c, g_c, grad_scores)), scale)
+            keep = explicit[..., None, None]
+            dq = torch.where(keep, dq.view(grad_q.shape), 0.0)
+            dk = torch.where(keep, dk.view(grad_k.shape), 0.0)
+            return (grad_q + dq).flatten(), (grad_k + dk).flatten()
+
+        def without(grad_q, grad_k, q_c, k_c, g_c, grad_scores, explicit):
+            return grad_q.flatten().clone(), grad_k.flatten().clone()
+
+        dq, dk = torch.cond(
+            explicit.any(), with_explicit, without, (grad_q, grad_k, parts.q_c, parts.k_c, parts.g_c, grad_scores, explicit)
+        )
+        grad_q.copy_(dq.view(grad_q.shape))
+        grad_k.copy_(dk.view(grad_k.shape))
+        return
+    if explicit.any():
+        index = explicit.flatten().nonzero().squeeze(1)
+        picked = [x.flatten(0, 2)[index] for x in (parts.q_c, parts.k_c, parts.g_c, grad_scores)]
+        dq, dk = _explicit_score_grads(*picked, scale)
+        grad_q.flatten(0, 2).index_add_(0, index, dq)
+        grad_k.flatten(0, 2).index_add_(0, index, dk)
+
+
+def _explicit_blocks(q, g):
+    """Yield (slice, decay [m, C(i), C(j), K]) over blocks of chunks: decay = exp(min(b_i - b_j, 0)).
+
+    b is summed in float64 so that b_i - b_j keeps its precision when the gates before i are huge
+    (b near -1000 and a difference near -1 must not lose 1e-4 to rounding)."""
+    chunks, chunk, key_dim = q.shape
+    block = max(1, EXPLICIT_BLOCK_ELEMENTS // (chunk * chunk * key_dim))
+    b = g.to(torch.float64).cumsum(-2)
+    for start in range(0, chunks, block):
+        b_block = b[start : start + block]
+        log_decay = (b_block.unsqueeze(-2) - b_block.unsqueeze(-3)).clamp_(max=0.0)  # [m, i, j, K]
+        yield slice(start, start + block), log_decay.to(q.dtype).exp_()
+
+
+def _explicit_scores(q, k, g, scale):
+    """scores[i, j] = scale sum_K q_i k_j exp(b_i - b_j), j <= i: q, k, g [M, C, K] -> [M, C, C]."""
+    rows = []
+    for part, decay in _explicit_blocks(q, g):
+        rows.append((decay * k[part].unsqueeze(-3) @ q[part].unsqueeze(-1)).squeeze(-1))
+    return (torch.cat(rows) * scale).tril_()
+
+
+def _explicit_score_grads(q, k, g, grad_scores, scale):
+    """The vector-Jacobian product of `_explicit_scores` for q and k (g's follows from them)."""
+    grad_q, grad_k = [], []
+    for part, decay in _explicit_blocks(q, g):
+        weighted = decay * (grad_scores[part] * scale).unsqueeze(-1)  # [m, i, j, K]
+        grad_q.append((weighted * k[part].unsqueeze(-3)).sum(-2))
+        grad_k.append((weighted * q[part].unsqueeze(-2)).sum(-3))
+    return torch.cat(grad_q), torch.cat(grad_k)

@@ -8,7 +8,8 @@ attention does) rather than keeping the per-chunk [C, C] score tensors alive bet
 backward: less activation memory, one more forward of the recurrence per step.
 
 Implementations: "torch" (any device: assay.kernels.gla.gla_chunk forward; backward its
-vector-Jacobian product through torch.func). A device kernel (Triton, NKI) plugs in as another impl.
+vector-Jacobian product through torch.func, which runs gla_chunk's own written-out backward).
+A device kernel (Triton, NKI) plugs in as another impl.
 Checked against the step-by-step reference `gla_recurrent` (registry: `assay kernels check`).
 """
 

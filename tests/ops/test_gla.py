@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from assay.core.compiling import compile_fn
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-from assay.kernels.gla import SEGMENT_TOKENS
+import assay.kernels.gla as gla_kernels
+from assay.kernels.gla import SEGMENT_TOKENS, _chunk_parts
 from assay.ops import gla_chunk, gla_recurrent, gla_step
 
 HEADS, KEY_DIM, VALUE_DIM = 2, 16, 8
@@ -199,16 +200,104 @@ def test_mismatched_shapes_are_assay_errors():
         gla_recurrent(q, k, v, g, initial_state=h0[..., :4])
 
 
-def test_compiled_chunk_matches_eager():
-    q, k, v, g, h0 = make_inputs(37, 1.0)
-    compiled = compile_fn(gla_chunk, "aot_eager", fullgraph=True)
+def mixed_gates(time: int, batch: int = 2):
+    """Inputs whose chunks need both forms: per-step log gates down to -20 in the first half of the
+    sequence (a state wiped within a chunk), logsigmoid(x) / 16 (the model's slow forget) after."""
+    q, k, v, _, h0 = make_inputs(time, 1.0, batch=batch)
+    generator = torch.Generator().manual_seed(3)
+    strong = -20.0 * torch.rand(batch, time, HEADS, KEY_DIM, generator=generator, dtype=torch.float64)
+    slow = F.logsigmoid(torch.randn(batch, time, HEADS, KEY_DIM, generator=generator, dtype=torch.float64)) / 16
+    g = torch.where(torch.arange(time).view(1, time, 1, 1) < time // 2, strong, slow).float()
+    return q, k, v, g, h0
+
+
+def explicit_chunks(g, chunk_size):
+    """Which (batch, head, chunk) the kernel writes explicitly, for g [B, T, H, K] with T a multiple of C."""
+    zeros = torch.zeros_like(g)
+    return _chunk_parts(zeros, zeros, g, chunk_size).explicit
+
+
+def test_the_form_is_chosen_per_chunk_from_the_gates_range():
+    _, _, _, g, _ = mixed_gates(256)
+    explicit = explicit_chunks(g, 64)
+    assert explicit.shape == (2, HEADS, 4)
+    # 64 steps of gates down to -20 sum to far below -60; 64 steps of logsigmoid / 16 to about -3.
+    assert explicit[:, :, :2].all() and not explicit[:, :, 2:].any()
+    # The model's usual gate keeps every chunk, even of 128 steps, on the factorised form.
+    slow = F.logsigmoid(torch.randn(1, 512, HEADS, KEY_DIM, generator=torch.Generator().manual_seed(0))) / 16
+    assert not explicit_chunks(slow, 128).any()
+
+
+@pytest.mark.parametrize("form", ["chosen", "all explicit", "all factorised"])
+@pytest.mark.parametrize("chunk_size", [16, 64, 128])
+def test_both_forms_match_recurrent_with_gradients(form, chunk_size):
+    # "chosen": one call with explicit and factorised chunks; the two forced forms test each path on
+    # its own over every chunk (factorised only where it is safe: the model's gates, no -20 steps).
+    time = 2 * chunk_size + 37
+    if form == "chosen":
+        inputs = mixed_gates(time)
+    else:
+        inputs = make_inputs(time, 0.1)
+        inputs[3] = inputs[3] / 4  # per-step log gates near -0.2: a 128-step chunk sums to about -25
+    limit = {"chosen": gla_kernels.FACTORISED_LOG_RANGE, "all explicit": -1.0, "all factorised": 1e9}[form]
+    generator = torch.Generator().manual_seed(1)
+    grad_o = torch.randn(2, time, HEADS, VALUE_DIM, generator=generator, dtype=torch.float64)
+    grad_state = torch.randn(2, HEADS, KEY_DIM, VALUE_DIM, generator=generator, dtype=torch.float64)
+    original = gla_kernels.FACTORISED_LOG_RANGE
+    gla_kernels.FACTORISED_LOG_RANGE = limit
+    try:
+        explicit = explicit_chunks(F.pad(inputs[3], (0, 0, 0, 0, 0, (-time) % chunk_size)), chunk_size)
+        o, state = gla_chunk(*inputs[:4], initial_state=inputs[4], output_final_state=True, chunk_size=chunk_size)
+        grads = _gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=chunk_size)
+    finally:
+        gla_kernels.FACTORISED_LOG_RANGE = original
+    assert {"chosen": explicit.any() and not explicit.all(), "all explicit": explicit.all(), "all factorised": not explicit.any()}[form]
+    o_ref, state_ref = gla_recurrent(*as_float64(inputs[:4]), initial_state=inputs[4].double(), output_final_state=True)
+    assert_close("recurrence", o, o_ref, torch.float32)
+    assert_close("recurrence", state, state_ref, torch.float32)
+    grads_ref = _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)
+    for name, grad, grad_ref in zip(["q", "k", "v", "g", "initial_state"], grads, grads_ref):
+        assert torch.isfinite(grad).all(), name
+        assert_close("recurrence", grad, grad_ref, torch.float32)
+
+
+def test_backward_keeps_no_per_chunk_intermediates():
+    # Autograd holds the Function's inputs and the [B, H, N, K, V] chunk states, nothing of size T * C.
+    q, k, v, g, _ = make_inputs(256, 1.0, batch=1)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+        gla_chunk(*leaves, chunk_size=64)
+    largest = max(x.numel() for x in saved)
+    assert largest == q.numel()  # q, k, v, g themselves; the states are 4 x 16 x 8 per chunk
+    assert sum(x.numel() for x in saved) <= 4 * q.numel() + 2 * HEADS * KEY_DIM * VALUE_DIM * (256 // 64 + 1)
+
+
+def _compiled_matches_eager(backend, inputs, chunk_size):
+    q, k, v, g, h0 = inputs
+    # fullgraph: a graph break is an error. Static shapes: each test compiles its own length once.
+    compiled = compile_fn(gla_chunk, backend, fullgraph=True, dynamic=False)
     leaves_eager = [x.clone().requires_grad_() for x in (q, k, v, g)]
     leaves_compiled = [x.clone().requires_grad_() for x in (q, k, v, g)]
-    o_eager, state_eager = gla_chunk(*leaves_eager, initial_state=h0, output_final_state=True, chunk_size=16)
-    o_compiled, state_compiled = compiled(*leaves_compiled, initial_state=h0, output_final_state=True, chunk_size=16)
+    o_eager, state_eager = gla_chunk(*leaves_eager, initial_state=h0, output_final_state=True, chunk_size=chunk_size)
+    o_compiled, state_compiled = compiled(*leaves_compiled, initial_state=h0, output_final_state=True, chunk_size=chunk_size)
     assert_close("compiled_vs_eager", o_compiled, o_eager, torch.float32)
     assert_close("compiled_vs_eager", state_compiled, state_eager, torch.float32)
     (o_eager.sum() + state_eager.sum()).backward()
     (o_compiled.sum() + state_compiled.sum()).backward()
     for leaf_compiled, leaf_eager in zip(leaves_compiled, leaves_eager):
         assert_close("compiled_vs_eager", leaf_compiled.grad, leaf_eager.grad, torch.float32)
+
+
+def test_compiled_mixed_forms_match_eager_aot_eager():
+    # The per-chunk form choice is a torch.cond inside the graph: no graph break, both forms compiled.
+    _compiled_matches_eager("aot_eager", mixed_gates(100), 32)
+
+
+@pytest.mark.inductor
+def test_compiled_mixed_forms_match_eager_inductor():
+    _compiled_matches_eager("inductor", mixed_gates(100), 32)
+
+
+def test_compiled_chunk_matches_eager():
+    _compiled_matches_eager("aot_eager", make_inputs(37, 1.0), 16)
