@@ -25,8 +25,8 @@ from assay.core.files import atomic_path, atomic_write_text
 
 # The app's import closure, as files of this package; every __init__.py is generated (see below).
 VENDORED_MODULES = (
-    "core/errors.py", "core/files.py",
-    "compat/schema.py", "compat/dataset.py", "compat/diff.py", "compat/signature.py",
+    "core/errors.py", "core/files.py", "core/dtypes.py",
+    "compat/request.py", "compat/schema.py", "compat/dataset.py", "compat/diff.py", "compat/signature.py",
     "app/catalog.py", "app/charts.py", "app/data.py", "app/ui.py",
 )
 REQUIREMENTS = ("gradio", "duckdb", "pyarrow", "pandas", "matplotlib")

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from assay.core.dtypes import DTYPE_NAMES
+
 if TYPE_CHECKING:
     import torch
 
@@ -29,8 +31,6 @@ STATUSES = {
     "SKIPPED": "deliberately not run (reason recorded); not a failure",
 }
 FAILURES = tuple(s for s in STATUSES if s.startswith("FAIL") or s in ("OOM", "TIMEOUT", "CRASH"))
-
-from assay.core.dtypes import DTYPE_NAMES  # noqa: E402
 
 DTYPES = DTYPE_NAMES  # the probe's dtypes: the one table in core
 # How allocators say "no memory" when they raise something other than MemoryError/OutOfMemoryError.

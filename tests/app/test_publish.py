@@ -152,7 +152,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, assay_cli):
     corrupt = tmp_path / "corrupt"
     write_rows(corrupt, mixed_rows()[:2])
     (corrupt / f"{NEW}.parquet").write_bytes(b"PAR1 not really parquet")
-    assert "is not a readable Parquet file" in _one_error_line(assay_cli("publish", str(out), "--results", str(corrupt)))
+    assert "is not a readable results file" in _one_error_line(assay_cli("publish", str(out), "--results", str(corrupt)))
 
     (tmp_path / "a-file").write_text("keep me")
     assert "exists and is not a folder" in _one_error_line(assay_cli("publish", str(tmp_path / "a-file"), "--results", str(results)))
