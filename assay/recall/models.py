@@ -42,6 +42,7 @@ class ModelSize:
     hidden_dim: int = 128
     vocab_size: int = 1024
     max_seq_len: int = 8192  # attention's rotary table (and the needle's longest prompt); GLA records it only
+    gla_expand_k: float = 0.5  # GLA's key width / dim: with n_heads, sets its state (n_layers x dim^2 x expand_k / heads)
 
 
 def model_args(arch: str, size: ModelSize):
@@ -51,7 +52,7 @@ def model_args(arch: str, size: ModelSize):
 
         # chunk_size 64: the GLA default; every MQAR length used here is a multiple of 64 or padded by gla_chunk.
         return GLAArgs(vocab_size=size.vocab_size, dim=size.dim, n_layers=size.n_layers, n_heads=size.n_heads,
-                       hidden_dim=size.hidden_dim, max_seq_len=size.max_seq_len)
+                       expand_k=size.gla_expand_k, hidden_dim=size.hidden_dim, max_seq_len=size.max_seq_len)
     if arch == "qwen3":
         from assay.models.qwen3 import Qwen3Args
 
