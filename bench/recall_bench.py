@@ -1,87 +1,113 @@
-"""Recall under a fixed state: GLA vs attention (native Qwen3) of matched size on MQAR, as pairs grow.
+"""Recall under a fixed state: GLA at several state sizes vs attention (native Qwen3) at the same widths
+on MQAR, trained until they converge (or their CPU budget runs out), then a needle grid beyond the
+training length on the same checkpoints.
 
-    python bench/recall_bench.py     -> bench/results/recall_bench.json, recall_bench.png, recall_needle.png, a table
+    python bench/recall_bench.py     -> bench/results/recall_bench.json, recall_sweep.png,
+                                        recall_needle_{gla,qwen3}.png, a table
 
-One model per (architecture, length), trained through assay.train's Trainer on a mixture of the pair
-counts that fit the length, then scored per pair count on held-out sequences. Both architectures get
-the same steps and tokens per step (same data); each model also stops at a wall-minute cap so the
-whole bench stays under about 25 minutes on a shared 2-core machine. Steps done and minutes used are
-recorded beside every accuracy: minutes are noisy here, steps are not.
-
-Then a needle grid (token format) on the two longer-length models: one key-value pair at a depth of
-filler, asked at the end, at lengths up to 16x the training length.
+Every model: `assay.recall.sweep` (train_recall through assay.train's Trainer), a mixture of the pair
+counts at one length, validation every --eval-every steps, stopped at --until-accuracy or after
+--budget-min CPU minutes of its own process (CPU, not wall: the machine is shared). Each row records
+steps, CPU and wall minutes, and whether it converged; the load average is saved beside.
+Models run in parallel worker processes (one torch thread each), each a one-point sweep.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from multiprocessing import get_context
 from pathlib import Path
 
 from assay.core.files import atomic_write_json
 from assay.core.output import print_table
-from assay.recall.models import ModelSize
 from assay.recall.mqar import MQARSpec
 from assay.recall.needle import NeedleRequest, run_needle
-from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, plot_accuracy, plot_needle, table_rows
-from assay.recall.train import RecallTrainRequest, train_recall
+from assay.recall.report import SWEEP_COLUMNS, TABLE_HEADERS, plot_needle, table_rows
+from assay.recall.sweep import RecallSweepRequest, plot_sweep, run_sweep, sweep_points
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _sweep_point(request: RecallSweepRequest) -> dict:
+    started = time.monotonic()
+    result = run_sweep(request)
+    return {"rows": result.rows, "models": result.models, "wall_s": time.monotonic() - started}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq-lens", default="64,256")
-    parser.add_argument("--pairs", default="4,16,64")
+    parser.add_argument("--widths", default="32,64")
+    parser.add_argument("--gla-states", default="4:0.5,1:1", help="GLA (heads:expand_k) settings per width")
+    parser.add_argument("--pairs", default="4,16")
+    parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--keys", type=int, default=64, help="keys and values in the MQAR vocabulary (chance 1/keys)")
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--budget-min", type=float, default=7.0, help="wall-minute cap per model")
-    parser.add_argument("--tokens-per-step", type=int, default=4096)
+    parser.add_argument("--budget-min", type=float, default=6.0, help="CPU minutes per model")
+    parser.add_argument("--until-accuracy", type=float, default=0.9)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--curriculum", action="store_true")
     parser.add_argument("--eval-examples", type=int, default=128)
-    parser.add_argument("--needle-lengths", default="256,1024,4096")
+    parser.add_argument("--workers", type=int, default=3, help="models trained at once (one process each)")
+    parser.add_argument("--needle-width", type=int, default=64)
+    parser.add_argument("--needle-lengths", default="64,256,1024")
     parser.add_argument("--needle-trials", type=int, default=16)
     parser.add_argument("--work", type=Path, default=None, help="folder for checkpoints (default: a temporary one)")
     options = parser.parse_args()
 
     work = options.work or Path(tempfile.mkdtemp(prefix="recall-bench-"))
-    seq_lens = tuple(int(x) for x in options.seq_lens.split(","))
+    widths = tuple(int(x) for x in options.widths.split(","))
+    gla_states = tuple((int(h), float(k)) for h, k in (item.split(":") for item in options.gla_states.split(",")))
     layout = MQARSpec(n_keys=options.keys, n_values=options.keys)
-    request = RecallTrainRequest(
-        out=work, pairs=tuple(int(x) for x in options.pairs.split(",")), seq_lens=seq_lens, steps=options.steps,
-        budget_min=options.budget_min, tokens_per_step=options.tokens_per_step, lr=options.lr, layout=layout,
-        size=ModelSize(), eval_examples=options.eval_examples, progress=True,
+    base = RecallSweepRequest(
+        out=work, widths=widths, gla_states=gla_states, pairs=tuple(int(x) for x in options.pairs.split(",")), seq_len=options.seq_len,
+        budget_min=options.budget_min, until_accuracy=options.until_accuracy, eval_every=options.eval_every, batch=options.batch,
+        lr=options.lr, curriculum=options.curriculum, layout=layout, eval_examples=options.eval_examples,
     )
+    load_before = os.getloadavg()
     started = time.monotonic()
-    result = train_recall(request)
+    one_point = [replace(base, out=work / f"{arch}-{dim}-{i}", widths=(dim,), archs=(arch,), gla_states=(state,))
+                 for dim in widths for arch in ("qwen3", "gla") for i, state in enumerate(gla_states if arch == "gla" else gla_states[:1])]
+    sweep_points(base)  # every width's GLA settings matched in parameters with attention, before any training
+    with ProcessPoolExecutor(max_workers=options.workers, mp_context=get_context("spawn")) as pool:
+        parts = list(pool.map(_sweep_point, one_point))
+    rows = [row for part in parts for row in part["rows"]]
+    models = [model for part in parts for model in part["models"]]
     train_minutes = (time.monotonic() - started) / 60
+    load_after_training = os.getloadavg()
 
     import torch
 
     torch.set_num_threads(1)  # as in training: tiny models on a shared 2-core machine run best on one thread
     needles = []
-    longest = max(seq_lens)
-    for arch in request.archs:
-        checkpoint = work / "models" / f"{arch}-L{longest}"
+    for model in models:
+        if f"-d{options.needle_width}-h4" not in model["name"] or (model["arch"] == "gla" and not model["name"].endswith("k0.5")):
+            continue  # the width's attention model and its GLA at the default state (4 heads, expand_k 0.5)
         needle = run_needle(NeedleRequest(
-            model=str(checkpoint), lengths=tuple(int(x) for x in options.needle_lengths.split(",")),
+            model=model["checkpoint"], lengths=tuple(int(x) for x in options.needle_lengths.split(",")),
             depths=(0.0, 0.25, 0.5, 0.75, 1.0), trials=options.needle_trials, format="tokens",
         ))
-        plot_needle(needle.as_dict(), RESULTS / f"recall_needle_{arch}.png")
-        needles.append(needle.as_dict() | {"trained_seq_len": longest})
+        plot_needle(needle.as_dict(), RESULTS / f"recall_needle_{model['arch']}.png")
+        needles.append(needle.as_dict() | {"trained_seq_len": options.seq_len, "converged": model["converged"], "name": model["name"]})
 
-    plot_accuracy(result.rows, RESULTS / "recall_bench.png", chance=layout.chance,
-                  title=f"MQAR: GLA vs attention, matched size ({result.params['gla']:,} / {result.params['qwen3']:,} params)")
+    plot_sweep(rows, RESULTS / "recall_sweep.png", chance=layout.chance,
+               title=f"MQAR at {options.seq_len} tokens: accuracy vs decoding state (target {options.until_accuracy:.0%}, "
+                     f"{options.budget_min:g} CPU min per model)")
     atomic_write_json(RESULTS / "recall_bench.json", {
-        "bench": "recall", "settings": vars(options) | {"work": str(work)}, "chance": layout.chance, "params": result.params,
-        "train_minutes_total": train_minutes, "rows": result.rows, "models": result.models, "needle": needles,
+        "bench": "recall", "settings": vars(options) | {"work": str(work)}, "chance": layout.chance,
+        "train_wall_minutes_total": train_minutes, "loadavg_before": load_before, "loadavg_after_training": load_after_training,
+        "loadavg_end": os.getloadavg(), "rows": rows, "models": models, "needle": needles,
     })
-    print_table(table_rows(result.rows), TABLE_COLUMNS, headers=TABLE_HEADERS,
+    print_table(table_rows(rows), SWEEP_COLUMNS, headers=TABLE_HEADERS,
                 title=f"MQAR recall, chance {100 * layout.chance:.2g}% (bench/results/recall_bench.json)")
     for needle in needles:
-        rows = [{"length": c["length"], "depth": c["depth"], "accuracy": c["accuracy"]} for c in needle["cells"]]
-        print_table(rows, ["length", "depth", "accuracy"], title=f"needle (tokens) on {needle['kind']} trained at {needle['trained_seq_len']}")
+        cells = [{"length": c["length"], "depth": c["depth"], "accuracy": c["accuracy"]} for c in needle["cells"]]
+        print_table(cells, ["length", "depth", "accuracy"], title=f"needle (tokens) on {needle['name']} trained at {needle['trained_seq_len']}")
 
 
 if __name__ == "__main__":

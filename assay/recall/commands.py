@@ -26,6 +26,11 @@ def _names(text: str) -> tuple[str, ...]:
     return comma_list("--arch", text, required=False)
 
 
+def _state_setting(text: str) -> tuple[int, float]:
+    heads, _, expand_k = text.partition(":")
+    return int(heads), float(expand_k)
+
+
 def register(app: typer.Typer) -> None:
     recall_app = typer.Typer(no_args_is_help=True, help="Recall under a fixed state: associative recall and needle probes, GLA vs attention.")
     app.add_typer(recall_app, name="recall")
@@ -36,7 +41,10 @@ def register(app: typer.Typer) -> None:
         arch: str = typer.Option("gla,qwen3", "--arch", help="architectures: gla, qwen3 (attention)"),
         pairs: str = typer.Option("8,32,128", "--pairs", help="key-value pair counts to score (and train on, mixed)"),
         seq_len: str = typer.Option("256,1024", "--seq-len", help="sequence lengths: one model per architecture and length"),
-        budget_min: Optional[float] = typer.Option(None, "--budget-min", help="wall minutes per model"),
+        budget_min: Optional[float] = typer.Option(None, "--budget-min", help="CPU minutes of this process per model (wall minutes are recorded beside)"),
+        until_accuracy: Optional[float] = typer.Option(None, "--until-accuracy", help="stop a model once every pair count reaches this validation accuracy (0-1)"),
+        eval_every: int = typer.Option(100, "--eval-every", help="steps between validation scores"),
+        curriculum: bool = typer.Option(False, "--curriculum", help="start on the fewest pairs, add the next count when the active ones reach --until-accuracy"),
         steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps per model (the schedule's length)"),
         batch: int = typer.Option(32, "--batch", help="sequences per step"),
         tokens_per_step: Optional[int] = typer.Option(None, "--tokens-per-step", help="instead of --batch: batch = this // seq_len per length"),
@@ -65,7 +73,7 @@ def register(app: typer.Typer) -> None:
 
         request = RecallTrainRequest(
             out=out, archs=_names(arch), pairs=_ints("--pairs", pairs), seq_lens=_ints("--seq-len", seq_len), steps=steps,
-            budget_min=budget_min, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden),
+            budget_min=budget_min, until_accuracy=until_accuracy, eval_every=eval_every, curriculum=curriculum, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden),
             layout=MQARSpec(n_keys=keys, n_values=keys), eval_examples=eval_examples, seed=seed, device=device, threads=threads,
             progress=not json_out,
         )
@@ -77,6 +85,47 @@ def register(app: typer.Typer) -> None:
             print_table(table_rows(result.rows), TABLE_COLUMNS, headers=TABLE_HEADERS,
                         title=f"MQAR recall (chance {100 * request.layout.chance:.2g}%; params {result.params})")
             typer.echo(f"results: {out / 'results.json'}" + (f"  plot: {png}" if png else ""))
+
+    @recall_app.command("sweep")
+    def sweep(
+        out: Path = typer.Option(..., "--out", help="folder for sweep.json, sweep.png and the checkpoints"),
+        widths: str = typer.Option("32,64,128", "--widths", help="model widths (both architectures)"),
+        gla_states: str = typer.Option("4:0.5,1:1", "--gla-states", help="GLA state settings per width, heads:expand_k"),
+        arch: str = typer.Option("gla,qwen3", "--arch", help="architectures: gla, qwen3 (attention)"),
+        pairs: str = typer.Option("4,16", "--pairs", help="key-value pair counts (trained mixed, scored each)"),
+        seq_len: int = typer.Option(64, "--seq-len"),
+        budget_min: Optional[float] = typer.Option(3.0, "--budget-min", help="CPU minutes per model"),
+        until_accuracy: Optional[float] = typer.Option(0.9, "--until-accuracy", help="stop a model once every pair count reaches this validation accuracy"),
+        steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps per model (the schedule's length)"),
+        curriculum: bool = typer.Option(False, "--curriculum", help="start on the fewest pairs, add counts as they reach the target"),
+        batch: int = typer.Option(64, "--batch"),
+        lr: float = typer.Option(3e-3, "--lr"),
+        keys: int = typer.Option(64, "--keys", help="key (and value) tokens; chance is 1/keys"),
+        eval_examples: int = typer.Option(64, "--eval-examples"),
+        seed: int = typer.Option(0, "--seed"),
+        plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="PNG to draw (default OUT/sweep.png)"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ):
+        """GLA at several state sizes and attention at the same widths on MQAR: accuracy vs state / KV-cache bytes."""
+        from assay.core.output import print_json, print_table
+        from assay.recall.mqar import MQARSpec
+        from assay.recall.report import SWEEP_COLUMNS, TABLE_HEADERS, table_rows
+        from assay.recall.sweep import RecallSweepRequest, plot_sweep, run_sweep
+
+        request = RecallSweepRequest(
+            out=out, widths=_ints("--widths", widths), gla_states=comma_list("--gla-states", gla_states, _state_setting),
+            archs=_names(arch), pairs=_ints("--pairs", pairs), seq_len=seq_len, budget_min=budget_min, until_accuracy=until_accuracy,
+            steps=steps, curriculum=curriculum, batch=batch, lr=lr, layout=MQARSpec(n_keys=keys, n_values=keys),
+            eval_examples=eval_examples, seed=seed, progress=not json_out,
+        )
+        result = run_sweep(request)
+        png = plot_sweep(result.rows, plot or out / "sweep.png", chance=request.layout.chance)
+        if json_out:
+            print_json(result.as_dict() | {"plot": str(png)})
+        else:
+            print_table(table_rows(result.rows), SWEEP_COLUMNS, headers=TABLE_HEADERS,
+                        title=f"MQAR sweep at {seq_len} tokens (chance {100 * request.layout.chance:.2g}%)")
+            typer.echo(f"results: {out / 'sweep.json'}  plot: {png}")
 
     @recall_app.command("needle")
     def needle(

@@ -16,6 +16,8 @@ layout it is trained on, which `assay recall needle --format tokens` reads back.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import tempfile
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ class ModelSize:
     hidden_dim: int = 128
     vocab_size: int = 1024
     max_seq_len: int = 8192  # attention's rotary table (and the needle's longest prompt); GLA records it only
+    gla_expand_k: float = 0.5  # GLA's key width / dim: with n_heads, sets its state (n_layers x dim^2 x expand_k / heads)
 
 
 def _spec(arch: str):
@@ -56,8 +59,12 @@ def _spec(arch: str):
 
 def model_args(arch: str, size: ModelSize):
     """The architecture's args dataclass at `size` (its registry entry's args_for_size)."""
-    return _spec(arch).args_for_size(vocab_size=size.vocab_size, dim=size.dim, n_layers=size.n_layers, n_heads=size.n_heads,
+    args = _spec(arch).args_for_size(vocab_size=size.vocab_size, dim=size.dim, n_layers=size.n_layers, n_heads=size.n_heads,
                                      hidden_dim=size.hidden_dim, max_seq_len=size.max_seq_len)
+    # The key width sets a linear-attention state's size (the sweep's axis); attention has no such field.
+    if hasattr(args, "expand_k"):
+        args = dataclasses.replace(args, expand_k=size.gla_expand_k)
+    return args
 
 
 def build_model(arch: str, size: ModelSize, seed: int = 0):
@@ -68,6 +75,11 @@ def build_model(arch: str, size: ModelSize, seed: int = 0):
 
 def param_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def key_width(arch: str, size: ModelSize) -> float | None:
+    """The key width / dim that sets a linear-attention state's size, or None for an architecture without one."""
+    return getattr(model_args(arch, size), "expand_k", None)
 
 
 def state_bytes(arch: str, args, seq_len: int) -> int:

@@ -9,8 +9,10 @@ from assay.core.errors import AssayError
 from assay.recall.models import arch_label
 from assay.recall.train import RESULTS_FILE, SCHEMA
 
-TABLE_COLUMNS = ["arch", "seq_len", "pairs", "accuracy", "params", "state_bytes", "state_kind", "steps", "minutes", "status"]
-TABLE_HEADERS = {"state_bytes": "state/KV bytes", "state_kind": "kind"}
+TABLE_COLUMNS = ["arch", "seq_len", "pairs", "accuracy", "params", "state_bytes", "state_kind", "steps", "minutes", "wall_minutes",
+                 "converged", "status"]
+SWEEP_COLUMNS = ["arch", "dim", "heads", "expand_k", "pairs", "accuracy", "params", "state_bytes", "steps", "minutes", "converged", "status"]
+TABLE_HEADERS = {"state_bytes": "state/KV bytes", "state_kind": "kind", "minutes": "CPU min", "wall_minutes": "wall min"}
 
 
 def load_results(path: str | Path) -> dict:
@@ -35,6 +37,9 @@ def table_rows(rows: list[dict]) -> list[dict]:
         shown.append(row | {
             "accuracy": f"{100 * row['accuracy']:.1f}%" if row.get("accuracy") is not None else "-",
             "minutes": round(row["minutes"], 2) if row.get("minutes") is not None else None,
+            "wall_minutes": round(row["wall_minutes"], 2) if row.get("wall_minutes") is not None else None,
+            # converged: reached --until-accuracy on validation; "-" when no target was set.
+            "converged": {True: "yes", False: "no (budget)", None: "-"}[row.get("converged")],
             "state_bytes": f"{row['state_bytes']:,}",
             "status": row["status"] if row["status"] == "ok" else f"{row['status']}: {row.get('reason')}",
         })

@@ -6,9 +6,17 @@ weights answer every pair count, so a row's drop with more pairs is the architec
 different run's luck. Training goes through the training pilot (assay.train.Trainer: its optimizer,
 schedule, loss and step records) with an MQARBatches source in place of text.
 
-Budget: --steps (the schedule's length) and/or --budget-min (wall minutes per model, checked between
-steps). With only a wall budget the schedule is planned for `max_steps` and stops early; a wall budget
-on a shared machine is noisy, so every result records steps done and minutes used beside its accuracy.
+Budget: --steps (the schedule's length) and/or --budget-min (CPU minutes of this process per model,
+checked between steps: on a shared machine wall time depends on the neighbours, CPU time much less).
+With only a minute budget the schedule is planned for `max_steps` and stops early. --until-accuracy X
+scores a validation set (a seed neither training nor the final score uses) every --eval-every steps and
+stops the model once every pair count reaches X. Every row records steps done, CPU and wall minutes,
+why the model stopped, and `converged`: whether its pair count reached the target on validation
+(None when no target was given), so a budget-limited row is never mistaken for a converged one.
+
+Curriculum (--curriculum): training starts on the smallest pair count and adds the next one each time
+every active count reaches the target on validation (Zoology-style: a model first learns to look a key
+up with few pairs, then more pairs only sharpen it).
 
 results.json (written atomically after each model, so a stopped run keeps finished models) holds one
 row per (arch, seq_len, pairs) and each model's checkpoint folder, loadable by `recall needle`.
@@ -31,6 +39,7 @@ from assay.recall.mqar import MQARBatches, MQARSpec, check_fits, evaluate, model
 RESULTS_FILE = "results.json"
 SCHEMA = "assay.recall.train/1"
 DEFAULT_MAX_STEPS = 100_000  # the schedule's length when only --budget-min bounds the run
+VALIDATION_SEED = 20_011  # added to the run's seed: validation sequences (the final score uses + 10_007)
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,12 @@ class RecallTrainRequest:
     pairs: tuple[int, ...] = (8, 32, 128)
     seq_lens: tuple[int, ...] = (256, 1024)
     steps: int | None = None
-    budget_min: float | None = None
+    budget_min: float | None = None  # CPU minutes of this process per model (time.process_time)
+    # Stop a model once every trained pair count reaches this validation accuracy (None: train the budget).
+    until_accuracy: float | None = None
+    eval_every: int = 100  # steps between validation scores (with until_accuracy or curriculum)
+    val_examples: int = 32  # validation sequences per pair count
+    curriculum: bool = False
     batch: int = 32
     # Set: each length gets batch = tokens_per_step // seq_len, so every model sees the same tokens per step.
     tokens_per_step: int | None = None
@@ -55,6 +69,8 @@ class RecallTrainRequest:
     # shared 2-core machine a second thread waits on a descheduled peer (measured: 0.14 s vs 1.5 s a step).
     threads: int | None = 1
     progress: bool = False
+    # Checkpoint folder names are f"{arch}-L{seq_len}{tag}" (a sweep trains several sizes into one folder).
+    tag: str = ""
 
 
 @dataclass
@@ -75,6 +91,12 @@ def _validate(request: RecallTrainRequest) -> None:
         raise AssayError(f"--steps must be >= 1 (got {request.steps})")
     if request.budget_min is not None and not (request.budget_min > 0 and math.isfinite(request.budget_min)):
         raise AssayError(f"--budget-min must be a positive number of minutes (got {request.budget_min})")
+    if request.until_accuracy is not None and not 0 < request.until_accuracy <= 1:
+        raise AssayError(f"--until-accuracy must be in (0, 1] (got {request.until_accuracy})")
+    if request.curriculum and request.until_accuracy is None:
+        raise AssayError("--curriculum adds pair counts when the active ones reach --until-accuracy: give it")
+    if request.eval_every < 1 or request.val_examples < 1:
+        raise AssayError("--eval-every and --val-examples must be >= 1")
     for arch in request.archs:
         if arch not in ARCHS:
             raise AssayError(f"unknown --arch {arch!r} (one of {', '.join(ARCHS)})")
@@ -109,13 +131,16 @@ def train_recall(request: RecallTrainRequest) -> RecallTrainResult:
                         result.rows.append(_row(arch, seq_len, pairs, params[arch], memory, status="skipped", reason=problem))
                 if not fitting:
                     continue
-                model_info, scores = _train_one(request, arch, seq_len, fitting, out)
+                model_info, scores, validation = _train_one(request, arch, seq_len, fitting, out)
                 result.models.append(model_info)
                 for pairs, score in scores.items():
+                    target = request.until_accuracy
                     result.rows.append(_row(
                         arch, seq_len, pairs, params[arch], memory, status="ok", accuracy=score.accuracy, correct=score.correct,
                         total=score.total, steps=model_info["steps_done"], minutes=model_info["minutes"],
-                        final_loss=model_info["final_loss"], checkpoint=model_info["checkpoint"],
+                        wall_minutes=model_info["wall_minutes"], final_loss=model_info["final_loss"], checkpoint=model_info["checkpoint"],
+                        val_accuracy=validation.get(pairs), target=target, stopped_by=model_info["stopped_by"],
+                        converged=validation[pairs] >= target if target is not None else None,
                     ))
                 result.rows.sort(key=lambda r: (r["seq_len"], r["arch"], r["pairs"]))
                 _write(result, request)
@@ -130,8 +155,9 @@ def _row(arch, seq_len, pairs, params, memory, status, reason=None, **measured) 
         "arch": arch, "seq_len": seq_len, "pairs": pairs, "status": status, "reason": reason,
         "accuracy": measured.get("accuracy"), "correct": measured.get("correct"), "total": measured.get("total"),
         "params": params, "state_bytes": memory, "state_kind": state_kind(arch),
-        "steps": measured.get("steps"), "minutes": measured.get("minutes"), "final_loss": measured.get("final_loss"),
-        "checkpoint": measured.get("checkpoint"),
+        "steps": measured.get("steps"), "minutes": measured.get("minutes"), "wall_minutes": measured.get("wall_minutes"),
+        "final_loss": measured.get("final_loss"), "val_accuracy": measured.get("val_accuracy"), "target": measured.get("target"),
+        "converged": measured.get("converged"), "stopped_by": measured.get("stopped_by"), "checkpoint": measured.get("checkpoint"),
     }
 
 
@@ -141,18 +167,19 @@ def _write(result: RecallTrainResult, request: RecallTrainRequest) -> None:
 
 
 def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts: list[int], out: Path):
-    """Build, train (budget) and score one model; (model info, {pairs: Score})."""
+    """Build, train (budget, target) and score one model; (model info, {pairs: Score}, {pairs: validation accuracy})."""
     from assay.core.progress import progress_bar
     from assay.train.optimization import OptimConfig
     from assay.train.trainer import TrainRequest, Trainer
 
-    name = f"{arch}-L{seq_len}"
+    name = f"{arch}-L{seq_len}{request.tag}"
     model, args = build_model(arch, request.size, seed=request.seed)
     initial = write_checkpoint(model, arch, args, out / "models" / f"{name}-init", request.layout)
     del model
     max_steps = request.steps or DEFAULT_MAX_STEPS
     batch = request.tokens_per_step // seq_len if request.tokens_per_step else request.batch
-    source = MQARBatches(request.layout, seq_len, batch, pair_counts, seed=request.seed)
+    active = pair_counts[:1] if request.curriculum else list(pair_counts)
+    source = MQARBatches(request.layout, seq_len, batch, active, seed=request.seed)
     # Weight decay 0: the embeddings of rarely drawn keys would be decayed towards zero between their uses.
     optim = OptimConfig(lr=request.lr, warmup_steps=min(request.warmup_steps, max_steps), weight_decay=0.0)
     train_request = TrainRequest(
@@ -160,21 +187,44 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
         seed=request.seed, device=request.device, batch_source=source,
     )
     trainer = Trainer(train_request)
-    deadline = time.monotonic() + request.budget_min * 60 if request.budget_min else math.inf
-    started = time.monotonic()
+    clock = BudgetClock(request.budget_min)
     record = None
+    validation: dict[int, float] = {}
+    history: list[dict] = []
+    stopped_by = "steps"
+    watching = request.until_accuracy is not None
     try:
-        total = request.steps or 0
-        with progress_bar(f"recall {name}", total=total, enabled=request.progress) as advance:
+        loaded = trainer.loaded
+        predict = model_predictor(loaded.logits, trainer.device)
+
+        def validate() -> dict[int, float]:
+            # Its own seed: neither a training step nor the final score ever draws these sequences.
+            loaded.model.eval()
+            scores = {p: evaluate(predict, request.layout, seq_len, p, request.val_examples, seed=request.seed + VALIDATION_SEED).accuracy
+                      for p in pair_counts}
+            loaded.model.train()
+            history.append({"step": len(trainer.records), "cpu_minutes": clock.cpu_minutes(), "active_pairs": list(source.pair_counts),
+                            "val_accuracy": {str(p): a for p, a in scores.items()}})
+            return scores
+
+        with progress_bar(f"recall {name}", total=request.steps or 0, enabled=request.progress) as advance:
             for step in range(max_steps):
-                if time.monotonic() >= deadline:
+                if clock.spent():
+                    stopped_by = "budget-min"
                     break
                 record = trainer.step(step)
-                advance(f"loss {record['loss']:.3f}")
-        minutes = (time.monotonic() - started) / 60
-        loaded = trainer.loaded
+                advance(f"loss {record['loss']:.3f}" + (f" val {min(validation.values()):.2f}" if validation else ""))
+                if watching and (step + 1) % request.eval_every == 0:
+                    validation = validate()
+                    if all(validation[p] >= request.until_accuracy for p in pair_counts):
+                        stopped_by = "until-accuracy"
+                        break
+                    if request.curriculum and all(validation[p] >= request.until_accuracy for p in source.pair_counts):
+                        source.pair_counts = pair_counts[: len(source.pair_counts) + 1]
+        if watching and (not history or history[-1]["step"] != len(trainer.records)):
+            validation = validate()  # the state the model stopped in, not the last periodic check
+        cpu_minutes, wall_minutes = clock.cpu_minutes(), clock.wall_minutes()
         loaded.model.eval()
-        predict = model_predictor(loaded.logits, trainer.device)
         # Scored on sequences the training stream never shows (another seed), the same set for every model.
         scores = {p: evaluate(predict, request.layout, seq_len, p, request.eval_examples, seed=request.seed + 10_007) for p in pair_counts}
         state = {key: tensor.detach().cpu() for key, tensor in loaded.model.state_dict().items()}
@@ -184,8 +234,28 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
     steps_done = len(trainer.records)
     info = {
         "name": name, "arch": arch, "seq_len": seq_len, "pairs_trained": pair_counts, "batch": batch, "checkpoint": str(checkpoint),
-        "steps_done": steps_done, "steps_planned": max_steps, "minutes": minutes,
+        "steps_done": steps_done, "steps_planned": max_steps, "minutes": cpu_minutes, "wall_minutes": wall_minutes,
         "final_loss": record["loss"] if record else None, "first_loss": trainer.records[0]["loss"] if trainer.records else None,
-        "stopped_by": "budget-min" if steps_done < max_steps else "steps",
+        "stopped_by": stopped_by, "target": request.until_accuracy,
+        "converged": all(validation[p] >= request.until_accuracy for p in pair_counts) if watching else None,
+        "validation": history,
     }
-    return info, scores
+    return info, scores, validation
+
+
+class BudgetClock:
+    """CPU minutes of this process (all its threads) against the budget, and wall minutes beside them.
+    CPU time is the budget because ~8 jobs share two cores here: wall time would measure the neighbours."""
+
+    def __init__(self, budget_min: float | None):
+        self.budget_s = budget_min * 60 if budget_min else math.inf
+        self.cpu_start, self.wall_start = time.process_time(), time.monotonic()
+
+    def cpu_minutes(self) -> float:
+        return (time.process_time() - self.cpu_start) / 60
+
+    def wall_minutes(self) -> float:
+        return (time.monotonic() - self.wall_start) / 60
+
+    def spent(self) -> bool:
+        return time.process_time() - self.cpu_start >= self.budget_s

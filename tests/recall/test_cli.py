@@ -54,6 +54,10 @@ def test_needle_command_prints_json_grid_and_heat_map(recall_run, tmp_path, assa
     (["recall", "needle", "--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
     (["recall", "needle", "--model", "X", "--depths", "0,1.5"], "--depths 1.5"),
     (["recall", "report", "/nonexistent/dir"], "no results.json"),
+    (["recall", "train", "--out", "X", "--steps", "1", "--until-accuracy", "1.5"], "--until-accuracy must be in (0, 1]"),
+    (["recall", "train", "--out", "X", "--steps", "1", "--curriculum"], "--curriculum adds pair counts"),
+    (["recall", "sweep", "--out", "X", "--widths", "30"], "--widths 30"),
+    (["recall", "sweep", "--out", "X", "--gla-states", "4:x"], "--gla-states"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, assay_cli, args, message):
     args = [str(tmp_path / a) if a == "X" else a for a in args]

@@ -1,0 +1,83 @@
+"""--until-accuracy, the curriculum and `assay recall sweep`: when a model stops, what its rows say, and
+the accuracy-vs-state sweep end to end."""
+
+from __future__ import annotations
+
+import json
+
+from assay.recall.models import ModelSize, matched_params, model_args, state_bytes
+from assay.recall.mqar import MQARSpec
+from assay.recall.sweep import RecallSweepRequest, sweep_points
+from assay.recall.train import RecallTrainRequest, train_recall
+
+# One pair: the only value in the sequence is the answer, so a model gets there in tens of steps.
+EASY = MQARSpec(n_keys=16, n_values=16)
+TINY = ModelSize(dim=32, n_heads=2, hidden_dim=64)
+
+
+def test_until_accuracy_stops_at_the_first_validation_that_reaches_it(tmp_path):
+    request = RecallTrainRequest(out=tmp_path, archs=("qwen3",), pairs=(1,), seq_lens=(16,), steps=600, batch=32, lr=1e-2,
+                                 until_accuracy=0.9, eval_every=10, val_examples=32, layout=EASY, size=TINY, eval_examples=32)
+    result = train_recall(request)
+    (row,) = result.rows
+    (model,) = result.models
+    assert row["stopped_by"] == "until-accuracy" and row["converged"] is True
+    assert row["steps"] < 600 and row["steps"] % 10 == 0
+    assert row["val_accuracy"] >= 0.9 and row["target"] == 0.9
+    # Every earlier validation was below the target (else the run would have stopped there).
+    history = model["validation"]
+    assert history[-1]["step"] == row["steps"]
+    assert all(entry["val_accuracy"]["1"] < 0.9 for entry in history[:-1])
+    assert row["minutes"] > 0 and row["wall_minutes"] > 0
+
+
+def test_a_budget_that_runs_out_is_recorded_as_not_converged(tmp_path):
+    request = RecallTrainRequest(out=tmp_path, archs=("gla",), pairs=(4,), seq_lens=(32,), steps=5, batch=8, until_accuracy=1.0,
+                                 eval_every=100, layout=EASY, size=TINY, eval_examples=8)
+    (row,) = train_recall(request).rows
+    # 5 steps cannot recall 4 pairs: the run ends on its steps, validated once at the end, marked not converged.
+    assert row["stopped_by"] == "steps" and row["steps"] == 5 and row["converged"] is False
+    assert row["val_accuracy"] < 1.0
+    saved = json.loads((tmp_path / "results.json").read_text())["rows"][0]
+    assert saved["converged"] is False and saved["arch"] == "gla" and saved["pairs"] == 4
+
+
+def test_curriculum_adds_pair_counts_as_the_active_ones_reach_the_target(tmp_path):
+    request = RecallTrainRequest(out=tmp_path, archs=("qwen3",), pairs=(1, 4), seq_lens=(16,), steps=40, batch=32, lr=1e-2,
+                                 until_accuracy=0.9, eval_every=10, curriculum=True, layout=EASY, size=TINY, eval_examples=16)
+    (model,) = train_recall(request).models
+    active = [entry["active_pairs"] for entry in model["validation"]]
+    assert active[0] == [1]  # the first steps train on one pair only
+    for entry, following in zip(model["validation"], model["validation"][1:]):
+        # A count is added only after a validation where every active count reached the target.
+        grew = len(following["active_pairs"]) > len(entry["active_pairs"])
+        assert grew == all(entry["val_accuracy"][str(p)] >= 0.9 for p in entry["active_pairs"]) or entry["active_pairs"] == [1, 4]
+
+
+def test_sweep_points_grow_gla_state_at_matched_parameters():
+    request = RecallSweepRequest(out=None, widths=(32, 64), gla_states=((4, 0.5), (1, 1.0)))
+    points = sweep_points(request)
+    assert [(p.arch, p.size.dim) for p in points] == [("qwen3", 32), ("gla", 32), ("gla", 32), ("qwen3", 64), ("gla", 64), ("gla", 64)]
+    for dim in (32, 64):
+        small, large = [p.size for p in points if p.arch == "gla" and p.size.dim == dim]
+        # n_layers x dim^2 x expand_k / heads floats: one head at expand_k 1 holds 8x the state of four at 0.5.
+        assert state_bytes("gla", model_args("gla", large), 64) == 8 * state_bytes("gla", model_args("gla", small), 64)
+        for size in (small, large):
+            counts = matched_params(size)
+            assert abs(counts["gla"] - counts["qwen3"]) <= 0.10 * min(counts.values())
+
+
+def test_sweep_command_writes_rows_per_state_and_the_plot(tmp_path, assay_cli):
+    out = tmp_path / "sweep"
+    result = assay_cli("recall", "sweep", "--out", str(out), "--widths", "16", "--gla-states", "4:0.5,1:1", "--pairs", "2,4",
+                       "--seq-len", "32", "--steps", "3", "--until-accuracy", "1", "--keys", "16", "--eval-examples", "4", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    rows = data["rows"]
+    assert {(r["arch"], r["heads"], r["expand_k"], r["pairs"]) for r in rows} == {
+        ("qwen3", 4, None, 2), ("qwen3", 4, None, 4), ("gla", 4, 0.5, 2), ("gla", 4, 0.5, 4), ("gla", 1, 1.0, 2), ("gla", 1, 1.0, 4)}
+    assert all(r["steps"] == 3 and r["converged"] is False and r["accuracy"] is not None for r in rows)
+    states = {(r["arch"], r["heads"]): r["state_bytes"] for r in rows}
+    assert states[("gla", 1)] == 8 * states[("gla", 4)] and states[("qwen3", 4)] > states[("gla", 1)]
+    assert json.loads((out / "sweep.json").read_text())["rows"] == rows
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
