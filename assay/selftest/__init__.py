@@ -6,7 +6,16 @@ recorded and the rest still run. It sits above compat, train and serve (like app
 only through their commands. docs/device_check.md says what each part checks and what the JSON holds.
 """
 
-from assay.selftest.parts import SelftestRequest, plan
-from assay.selftest.runner import SUMMARY_FILE, SelftestResult, run_selftest
+from assay.core.lazy import lazy_exports
 
-__all__ = ["SUMMARY_FILE", "SelftestRequest", "SelftestResult", "plan", "run_selftest"]
+# Lazy, like the other systems: registering `assay selftest` for `assay --help` imports only its commands.
+_EXPORTS = {
+    "SelftestRequest": "assay.selftest.parts",
+    "plan": "assay.selftest.parts",
+    "SUMMARY_FILE": "assay.selftest.runner",
+    "SelftestResult": "assay.selftest.runner",
+    "run_selftest": "assay.selftest.runner",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
