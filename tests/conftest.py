@@ -48,3 +48,19 @@ def run_assay(*args: str, cwd: Path | None = None, timeout: float = 600, env: di
 @pytest.fixture
 def assay_cli():
     return run_assay
+
+
+@pytest.fixture(scope="session")
+def real_model_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct (the `real` extra) converted from its GGUF file once per session (about
+    40 s). ASSAY_TEST_REAL=DIR converts into (and reuses) DIR across sessions. No test skips for lack
+    of it: the test set-up installs the extra, and a missing package fails here with one line."""
+    from assay.zoo.real import write_smollm2
+
+    if os.environ.get("ASSAY_TEST_REAL"):
+        folder = Path(os.environ["ASSAY_TEST_REAL"])
+        if (folder / "model.safetensors").is_file():
+            return folder
+    else:
+        folder = tmp_path_factory.mktemp("real") / "smollm2"
+    return write_smollm2(folder)
