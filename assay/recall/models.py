@@ -28,7 +28,7 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json, atomic_write_text
 from assay.recall.mqar import MQARSpec
-from assay.zoo.tokenizer import TOKEN_IDS
+from assay.core.tokens import TOKEN_IDS
 
 ARCHS = ("gla", "qwen3")
 LAYOUT_FILE = "recall.json"

@@ -17,7 +17,7 @@ from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json
 from assay.zoo.entries import IMAGE_TEXT, ZOO, ZooEntry
 from assay.zoo.identity import STAMP_FILE, fingerprint, zoo_identity
-from assay.zoo.tokenizer import TOKEN_IDS
+from assay.core.tokens import TOKEN_IDS
 
 ZOO_FORMAT = 1
 CATALOG_FILE = "catalog.json"

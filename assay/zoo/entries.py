@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from assay.zoo.tokenizer import TOKEN_IDS, VOCAB_SIZE
+from assay.core.tokens import TOKEN_IDS
+from assay.zoo.tokenizer import VOCAB_SIZE
 
 # One set of tiny sizes for every architecture: small enough for a 2-core CPU, large enough to have
 # GQA (4 query heads over 2 key/value heads) and more than one layer.

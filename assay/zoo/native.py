@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from assay.zoo.tokenizer import TOKEN_IDS
+from assay.core.tokens import TOKEN_IDS
 
 
 def write_native_checkpoint(arch: str, args, folder: Path, seed: int, init_std: float, pretrain_steps: int = 0) -> None:

@@ -10,18 +10,11 @@ import functools
 import json
 from pathlib import Path
 
+# The special tokens and their ids are defined once in core (configs and checkpoints outside the zoo
+# use them too); the tokenizer trainer below numbers them first, in that order.
+from assay.core.tokens import BOS, EOS, IMAGE_TOKENS, PAD, SPECIAL_TOKENS, TOKEN_IDS, UNK  # noqa: F401
+
 VOCAB_SIZE = 1024
-BOS = "<|bos|>"
-EOS = "<|endoftext|>"
-PAD = "<|pad|>"
-UNK = "<|unk|>"
-# Tokens the image-text-to-text processors look for (LLaVA's `<image>`.
-# (Gemma 3's markers: begin/end of image and the soft token each image patch-group becomes).
-IMAGE_TOKENS = ["<image>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"]
-SPECIAL_TOKENS = [BOS, EOS, PAD, UNK, *IMAGE_TOKENS]
-# Their ids (the trainer numbers special tokens first, in order): the one definition every zoo config,
-# generation config and native checkpoint writes.
-TOKEN_IDS = {"bos_token_id": SPECIAL_TOKENS.index(BOS), "eos_token_id": SPECIAL_TOKENS.index(EOS), "pad_token_id": SPECIAL_TOKENS.index(PAD)}
 
 
 @functools.lru_cache(maxsize=1)

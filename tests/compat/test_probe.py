@@ -144,8 +144,25 @@ def test_image_text_model_gets_image_and_prompt(zoo_dir):
 
 
 def test_many_probes_in_one_process_each_compile(zoo_dir):
-    # gemma2's hybrid cache recompiles 7 times in one generate: without a reset between probes the
-    # next models would reach dynamo's recompile limit and silently run eager.
+    # Every Transformers model shares dynamo's cache entries for generate's code objects: without a
+    # reset between probes, later models would add recompiles to the earlier ones' until the limit.
     for name in ("gemma2", "mistral", "gemma3", "qwen3"):
         row = probe(ProbeRequest(str(zoo_dir / name), backend="aot_eager", new_tokens=4))
         assert row["status"] == "PASS" and row["graphs"] >= 1, (name, row["reason"])
+
+
+def test_sliding_window_static_cache_compiles_without_a_recompile_per_step(zoo_dir):
+    # mistral's sliding-window static cache counts its length in a Python int; before the recipe marked
+    # it dynamic, each of the 32 steps recompiled until the limit (8 graphs) and the rest ran eager.
+    row = probe(ProbeRequest(str(zoo_dir / "mistral"), backend="aot_eager", new_tokens=32))
+    assert row["status"] == "PASS", row["reason"]
+    assert row["graphs"] <= 2 and row["recompiles"] <= 1, (row["graphs"], row["recompiles"])
+
+
+def test_reaching_the_recompile_limit_is_a_compile_failure(zoo_dir, monkeypatch):
+    from assay.compat import recipe
+
+    monkeypatch.setattr(recipe, "DYNAMIC_SOURCES", "")  # the int specialised again: a recompile per step
+    row = probe(ProbeRequest(str(zoo_dir / "mistral"), backend="aot_eager", new_tokens=32))
+    assert row["status"] == "FAIL_COMPILE", (row["status"], row["reason"])
+    assert "recompile" in row["reason"].lower()
