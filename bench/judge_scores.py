@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from assay.compat.judge import judge_text, loss_threshold, repeated_bigram_share, text_loss  # noqa: E402
+from assay.compat.judge import MAX_REPEATED, loss_threshold, repeated_bigram_share, text_loss  # noqa: E402
 from assay.core.files import atomic_write_json  # noqa: E402
 from assay.core.output import print_table  # noqa: E402
 from assay.zoo.corpus import corpus_split  # noqa: E402
@@ -87,14 +87,17 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.judge)
     rng = random.Random(args.seed)
     started = time.perf_counter()
+    threshold = loss_threshold(args.judge)
     samples = []
     for length in [int(n) for n in args.lengths.split(",")]:
         for index, paragraph in enumerate(paragraphs(args.paragraphs, args.seed)):
             for kind, text in texts(tokenizer, paragraph, length, rng).items():
                 loss, tokens = text_loss(text, args.judge)
+                repeated = repeated_bigram_share(text)
+                # judge_text's verdict, from the same two numbers (without scoring the text twice)
+                fluent = loss <= threshold and repeated <= MAX_REPEATED
                 samples.append({"length": length, "paragraph": index, "kind": kind, "loss": loss, "tokens": tokens,
-                                "repeated_bigrams": repeated_bigram_share(text), "fluent": judge_text(text, args.judge).fluent,
-                                "text": text})
+                                "repeated_bigrams": repeated, "fluent": fluent, "text": text})
     summary = []
     for length in sorted({s["length"] for s in samples}):
         for kind in KINDS:
@@ -103,7 +106,7 @@ def main() -> None:
             summary.append({"length": length, "kind": kind, "n": len(losses), "min": min(losses), "median": statistics.median(losses),
                             "max": max(losses), "judged_fluent": sum(fluent)})
     result = {
-        "judge": args.judge, "threshold": loss_threshold(args.judge), "summary": summary, "samples": samples,
+        "judge": args.judge, "threshold": threshold, "summary": summary, "samples": samples,
         "seconds": time.perf_counter() - started, "loadavg": os.getloadavg(), "host": platform.node(),
         "torch": torch.__version__, "transformers": transformers.__version__,
     }
