@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 import time
 import traceback
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -60,7 +61,22 @@ def infer_task(ref: ModelRef, override: str | None) -> str:
         return "text-generation"
     if not ref.config:  # a Hub id: from_pretrained decides; the common case is a causal LM
         return "text-generation"
+    if not architectures and is_causal_lm_type(ref.config.get("model_type")):
+        return "text-generation"
     return f"unsupported ({', '.join(architectures) or ref.config.get('model_type', 'unknown')})"
+
+
+def is_causal_lm_type(model_type: str | None) -> bool:
+    """Whether AutoModelForCausalLM builds a model for this config model_type: what from_pretrained does
+    for a config without `architectures` (a converted GGUF checkpoint, a hand-written config). Asks the
+    Auto class's own mapping, so every architecture Transformers (or an assay registration) adds counts."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    try:
+        config_class = CONFIG_MAPPING[model_type] if model_type else None
+    except KeyError:
+        return False
+    return config_class is not None and config_class in AutoModelForCausalLM._model_mapping
 
 
 def plan_probe(request: ProbeRequest) -> ProbePlan:
@@ -80,7 +96,13 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
         raise AssayError(f"unknown parallelism {request.parallelism!r} (auto, tensor or expert)")
     parallelism = "single" if request.devices == 1 else sharding_plan(ref, request.parallelism)
     if request.devices > 1 and not request.judge and not request.reference:
-        raise AssayError("a sharded probe without a single-device reference needs --judge MODEL")
+        # The judge decides here: the real model when the `real` extra is installed (judge.py).
+        from assay.compat.judge import default_judge
+
+        judge = default_judge()
+        if judge is None:
+            raise AssayError("a sharded probe without a single-device reference needs --judge MODEL (or the `real` extra's default judge)")
+        request = replace(request, judge=judge)
     if request.judge:
         resolve_model(request.judge)  # a bad judge path is bad input, found before any work
     checks = ["tokens-vs-cpu-eager"] if request.reference else []

@@ -1,0 +1,96 @@
+"""A real pretrained model, SmolLM2-135M-Instruct from the `real` extra's GGUF file: the conversion, the
+probe on it, and the sharded probe's default judge. Each test loads 135M parameters: all are slow, and
+all share the session's one conversion (conftest.real_model_dir)."""
+
+import hashlib
+import json
+import random
+
+import pytest
+import torch
+
+from assay.compat.judge import SMOLLM2_Q4_1_SHA256, default_judge, judge_text
+from assay.compat.probe import ProbeRequest, probe
+from assay.zoo.corpus import corpus_split
+from assay.zoo.real import smollm2_gguf_path, source_record
+
+pytestmark = pytest.mark.slow
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_converted_folder_is_a_plain_checkpoint_with_tied_embeddings_that_knows_paris(real_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = json.loads((real_model_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    record = source_record(real_model_dir)
+    assert record["sha256"] == _sha256(smollm2_gguf_path()) == SMOLLM2_Q4_1_SHA256
+    model = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied on reload
+    assert sum(p.numel() for p in model.parameters()) == record["parameters"] == 134_515_008
+    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
+    prompt = tokenizer("The capital of France is", return_tensors="pt")
+    generated = model.generate(**prompt, max_new_tokens=3, do_sample=False)
+    assert tokenizer.decode(generated[0, prompt["input_ids"].shape[1]:]).startswith(" Paris")
+
+
+def test_zoo_real_writes_the_same_folder_again_with_progress_and_a_summary(real_model_dir, tmp_path, assay_cli):
+    result = assay_cli("zoo", "real", str(tmp_path / "smollm2"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    for shown in ("LlamaForCausalLM", "134,515,008", SMOLLM2_Q4_1_SHA256, "seconds"):
+        assert shown in result.stdout, result.stdout
+    assert "5/5" in result.stderr and "de-quantizing" not in result.stderr  # our bar, not Transformers' tqdm
+    # The conversion is deterministic: the same bytes as the session's folder.
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert _sha256(tmp_path / "smollm2" / name) == _sha256(real_model_dir / name), name
+
+
+@pytest.mark.inductor
+def test_converted_model_passes_the_probe_under_inductor(real_model_dir):
+    row = probe(ProbeRequest(str(real_model_dir), backend="inductor", new_tokens=8, reference_cache=None))
+    assert row["task"] == "text-generation" and row["architecture"] == "LlamaForCausalLM"
+    assert row["status"] == "PASS", (row["reason"], row["error"])
+    assert row["graphs"] >= 1
+
+
+# ------------------------------------------------------------------ the judge
+
+
+@pytest.fixture(scope="module")
+def judge(real_model_dir):
+    assert default_judge() == str(real_model_dir)  # the converted folder in the user cache, no second conversion
+    return str(real_model_dir)
+
+
+def _prose_paragraphs(count: int) -> list[str]:
+    _, held_out = corpus_split()
+    return [" ".join(p.split()) for p in held_out.split("\n\n") if len(p) > 400 and not p.startswith(" ")][:count]
+
+
+@pytest.mark.parametrize("tokens", [32, 128])  # 32: what a default sharded probe generates, the judge's hardest case
+def test_real_judge_finds_prose_fluent_and_shuffled_or_random_tokens_not(judge, tokens):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(judge)
+    rng = random.Random(tokens)
+    for paragraph in _prose_paragraphs(3):
+        ids = tokenizer(paragraph)["input_ids"][:tokens]
+        prose = judge_text(tokenizer.decode(ids), judge)
+        assert prose.fluent, prose.reason
+        shuffled = ids[:]
+        rng.shuffle(shuffled)
+        verdict = judge_text(tokenizer.decode(shuffled), judge)
+        assert not verdict.fluent and "loss" in verdict.reason, verdict.reason
+        noise = judge_text(tokenizer.decode([rng.randrange(tokenizer.vocab_size) for _ in ids]), judge)
+        assert not noise.fluent and "loss" in noise.reason, noise.reason
+
+
+@pytest.mark.distributed
+def test_sharded_probe_without_reference_or_judge_is_judged_by_the_real_model(zoo_dir, judge):
+    row = probe(ProbeRequest(str(zoo_dir / "qwen3"), backend="aot_eager", new_tokens=12, devices=2, reference=False))
+    # A random-weights model does not write English: the real judge must say so.
+    assert row["check"] == "judge" and f"--judge {judge}" in row["command"]
+    assert row["status"] == "FAIL_ACCURACY" and "judge: not fluent" in row["reason"], row["reason"]
