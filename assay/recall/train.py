@@ -8,8 +8,9 @@ schedule, loss and step records) with an MQARBatches source in place of text.
 
 Budget: --steps (the schedule's length) and/or --budget-min (CPU minutes of this process per model,
 checked between steps: on a shared machine wall time depends on the neighbours, CPU time much less).
-With only a minute budget the schedule's horizon is the steps the budget buys: ten steps of a throwaway
-trainer are timed (CPU) first, so warm-up and cosine decay span the real run. --until-accuracy X
+With only a minute budget the schedule's horizon is the steps the budget buys: fifteen steps of a throwaway
+trainer are timed (CPU) first, so warm-up and cosine decay span the real run; if the budget outlasts
+the plan, training goes on at the schedule's floor until it is spent. --until-accuracy X
 scores a validation set (a seed neither training nor the final score uses) every --eval-every steps and
 stops the model once every pair count reaches X. Every row records steps done, CPU and wall minutes,
 why the model stopped, and `converged`: whether its pair count reached the target on validation
@@ -25,6 +26,7 @@ row per (arch, seq_len, pairs) and each model's checkpoint folder, loadable by `
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -219,7 +221,9 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
             return scores
 
         with progress_bar(f"recall {name}", total=request.steps or 0, enabled=request.progress) as advance:
-            for step in range(max_steps):
+            # A calibrated horizon is a plan, not a limit: if the steps turn out cheaper than timed (the first
+            # steps of a process are slow), training goes on at the schedule's floor until the budget is spent.
+            for step in range(request.steps) if request.steps is not None else itertools.count():
                 if clock.spent():
                     stopped_by = "budget-min"
                     break
@@ -254,7 +258,7 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
     return info, scores, validation
 
 
-CALIBRATION_STEPS = (3, 13)  # steps timed to plan a budget's schedule: after the first (slow) ones, ten of them
+CALIBRATION_STEPS = (5, 20)  # steps timed to plan a budget's schedule: after the first (slow) ones, fifteen of them
 
 
 def _calibrate(make_trainer) -> float:
