@@ -25,7 +25,7 @@ from pathlib import Path
 
 from assay.core.files import atomic_write_json
 from assay.core.output import print_table
-from assay.recall.mqar import MQARSpec
+from assay.recall.mqar import layout_for
 from assay.recall.needle import NeedleRequest, run_needle
 from assay.recall.report import SWEEP_COLUMNS, TABLE_HEADERS, plot_needle, table_rows
 from assay.recall.sweep import RecallSweepRequest, plot_sweep, run_sweep, sweep_points
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--pairs", default="4,16")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--keys", type=int, default=64, help="keys and values in the MQAR vocabulary (chance 1/keys)")
+    parser.add_argument("--filler", type=int, default=None, help="filler ids (default: the rest of the zoo's 1,024); vocabulary 64 + 2 x keys + filler")
     parser.add_argument("--budget-min", type=float, default=6.0, help="CPU minutes per model")
     parser.add_argument("--until-accuracy", type=float, default=0.9)
     parser.add_argument("--eval-every", type=int, default=100)
@@ -63,7 +64,7 @@ def main() -> None:
     work = options.work or Path(tempfile.mkdtemp(prefix="recall-bench-"))
     widths = tuple(int(x) for x in options.widths.split(","))
     gla_states = tuple((int(h), float(k)) for h, k in (item.split(":") for item in options.gla_states.split(",")))
-    layout = MQARSpec(n_keys=options.keys, n_values=options.keys)
+    layout = layout_for(options.keys, options.filler)
     base = RecallSweepRequest(
         out=work, widths=widths, gla_states=gla_states, pairs=tuple(int(x) for x in options.pairs.split(",")), seq_len=options.seq_len,
         budget_min=options.budget_min, until_accuracy=options.until_accuracy, eval_every=options.eval_every, batch=options.batch,

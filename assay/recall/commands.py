@@ -54,6 +54,7 @@ def register(app: typer.Typer) -> None:
         heads: int = typer.Option(4, "--heads"),
         hidden: int = typer.Option(128, "--hidden", help="SwiGLU width"),
         keys: int = typer.Option(256, "--keys", help="key (and value) tokens in the MQAR vocabulary; chance is 1/keys"),
+        filler: Optional[int] = typer.Option(None, "--filler", help="filler token ids (default: the rest of the zoo's 1,024); the vocabulary is 64 + 2 x keys + filler"),
         eval_examples: int = typer.Option(64, "--eval-examples", help="scored sequences per pair count"),
         seed: int = typer.Option(0, "--seed"),
         device: str = device_option(),
@@ -64,7 +65,7 @@ def register(app: typer.Typer) -> None:
         """Train matched-size GLA and attention models on MQAR for a fixed budget; accuracy per (pairs, seq_len)."""
         from assay.core.output import print_json, print_table
         from assay.recall.models import ModelSize
-        from assay.recall.mqar import MQARSpec
+        from assay.recall.mqar import layout_for
         from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, plot_accuracy, table_rows
         from assay.recall.train import RecallTrainRequest, train_recall
 
@@ -74,7 +75,7 @@ def register(app: typer.Typer) -> None:
         request = RecallTrainRequest(
             out=out, archs=_names(arch), pairs=_ints("--pairs", pairs), seq_lens=_ints("--seq-len", seq_len), steps=steps,
             budget_min=budget_min, until_accuracy=until_accuracy, eval_every=eval_every, curriculum=curriculum, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden),
-            layout=MQARSpec(n_keys=keys, n_values=keys), eval_examples=eval_examples, seed=seed, device=device, threads=threads,
+            layout=layout_for(keys, filler), eval_examples=eval_examples, seed=seed, device=device, threads=threads,
             progress=not json_out,
         )
         result = train_recall(request)
@@ -101,6 +102,7 @@ def register(app: typer.Typer) -> None:
         batch: int = typer.Option(64, "--batch"),
         lr: float = typer.Option(3e-3, "--lr"),
         keys: int = typer.Option(64, "--keys", help="key (and value) tokens; chance is 1/keys"),
+        filler: Optional[int] = typer.Option(None, "--filler", help="filler token ids (default: the rest of the zoo's 1,024); the vocabulary is 64 + 2 x keys + filler"),
         eval_examples: int = typer.Option(64, "--eval-examples"),
         seed: int = typer.Option(0, "--seed"),
         plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="PNG to draw (default OUT/sweep.png)"),
@@ -108,14 +110,14 @@ def register(app: typer.Typer) -> None:
     ):
         """GLA at several state sizes and attention at the same widths on MQAR: accuracy vs state / KV-cache bytes."""
         from assay.core.output import print_json, print_table
-        from assay.recall.mqar import MQARSpec
+        from assay.recall.mqar import layout_for
         from assay.recall.report import SWEEP_COLUMNS, TABLE_HEADERS, table_rows
         from assay.recall.sweep import RecallSweepRequest, plot_sweep, run_sweep
 
         request = RecallSweepRequest(
             out=out, widths=_ints("--widths", widths), gla_states=comma_list("--gla-states", gla_states, _state_setting),
             archs=_names(arch), pairs=_ints("--pairs", pairs), seq_len=seq_len, budget_min=budget_min, until_accuracy=until_accuracy,
-            steps=steps, curriculum=curriculum, batch=batch, lr=lr, layout=MQARSpec(n_keys=keys, n_values=keys),
+            steps=steps, curriculum=curriculum, batch=batch, lr=lr, layout=layout_for(keys, filler),
             eval_examples=eval_examples, seed=seed, progress=not json_out,
         )
         result = run_sweep(request)

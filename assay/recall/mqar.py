@@ -70,6 +70,23 @@ class MQARSpec:
         return asdict(self)
 
 
+ZOO_VOCAB = 1024  # the zoo tokenizer's ids: the default vocabulary of a recall model
+
+
+def layout_for(keys: int, filler: int | None = None) -> MQARSpec:
+    """`keys` keys and as many values; `filler` filler ids (None: the rest of the zoo's 1,024 ids).
+
+    The model's vocabulary is the layout's (recall.train): a compact one (e.g. 64 filler ids) shrinks the
+    output head, which is most of a tiny model's step: only values are ever scored.
+    """
+    base = MQARSpec(n_keys=keys, n_values=keys)
+    if filler is None:
+        return base
+    if filler < 1:
+        raise AssayError(f"--filler must be >= 1 (got {filler})")
+    return MQARSpec(vocab_size=base.first_filler + filler, n_keys=keys, n_values=keys)
+
+
 def check_fits(spec: MQARSpec, seq_len: int, pairs: int) -> str | None:
     """Why (seq_len, pairs) is not a valid MQAR setting, or None. Zoology's rule: the pairs and the
     query region each take 2 x pairs tokens, so seq_len >= 4 x pairs."""

@@ -78,7 +78,8 @@ def sweep_points(request: RecallSweepRequest) -> list[SweepPoint]:
     """Every model of the sweep, widths outermost; AssayError when a width's sizes are not matched."""
     points = []
     for dim in request.widths:
-        base = ModelSize(dim=dim, n_layers=request.n_layers, n_heads=request.attention_heads, hidden_dim=request.hidden_ratio * dim)
+        base = ModelSize(dim=dim, n_layers=request.n_layers, n_heads=request.attention_heads, hidden_dim=request.hidden_ratio * dim,
+                         vocab_size=request.layout.vocab_size)
         gla_sizes = [replace(base, n_heads=heads, gla_expand_k=expand_k) for heads, expand_k in request.gla_states]
         for size in gla_sizes:
             if dim % size.n_heads or (dim * size.gla_expand_k) % size.n_heads:

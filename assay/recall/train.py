@@ -8,7 +8,9 @@ schedule, loss and step records) with an MQARBatches source in place of text.
 
 Budget: --steps (the schedule's length) and/or --budget-min (CPU minutes of this process per model,
 checked between steps: on a shared machine wall time depends on the neighbours, CPU time much less).
-With only a minute budget the schedule is planned for `max_steps` and stops early. --until-accuracy X
+With only a minute budget the schedule's horizon is the steps the budget buys: fifteen steps of a throwaway
+trainer are timed (CPU) first, so warm-up and cosine decay span the real run; if the budget outlasts
+the plan, training goes on at the schedule's floor until it is spent. --until-accuracy X
 scores a validation set (a seed neither training nor the final score uses) every --eval-every steps and
 stops the model once every pair count reaches X. Every row records steps done, CPU and wall minutes,
 why the model stopped, and `converged`: whether its pair count reached the target on validation
@@ -24,9 +26,10 @@ row per (arch, seq_len, pairs) and each model's checkpoint folder, loadable by `
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +41,7 @@ from assay.recall.mqar import MQARBatches, MQARSpec, check_fits, evaluate, model
 
 RESULTS_FILE = "results.json"
 SCHEMA = "assay.recall.train/1"
-DEFAULT_MAX_STEPS = 100_000  # the schedule's length when only --budget-min bounds the run
+DEFAULT_MAX_STEPS = 100_000  # the calibration trainer's schedule length (never run that far)
 VALIDATION_SEED = 20_011  # added to the run's seed: validation sequences (the final score uses + 10_007)
 
 
@@ -113,6 +116,8 @@ def _validate(request: RecallTrainRequest) -> None:
 
 def train_recall(request: RecallTrainRequest) -> RecallTrainResult:
     _validate(request)
+    # The model's vocabulary is the task's: keys, values and filler (layout.vocab_size), whatever size says.
+    request = replace(request, size=replace(request.size, vocab_size=request.layout.vocab_size))
     out = Path(request.out)
     params = matched_params(request.size, request.archs)
     result = RecallTrainResult([], [], params, out)
@@ -176,18 +181,26 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
     model, args = build_model(arch, request.size, seed=request.seed)
     initial = write_checkpoint(model, arch, args, out / "models" / f"{name}-init", request.layout)
     del model
-    max_steps = request.steps or DEFAULT_MAX_STEPS
     batch = request.tokens_per_step // seq_len if request.tokens_per_step else request.batch
     active = pair_counts[:1] if request.curriculum else list(pair_counts)
     source = MQARBatches(request.layout, seq_len, batch, active, seed=request.seed)
-    # Weight decay 0: the embeddings of rarely drawn keys would be decayed towards zero between their uses.
-    optim = OptimConfig(lr=request.lr, warmup_steps=min(request.warmup_steps, max_steps), weight_decay=0.0)
-    train_request = TrainRequest(
-        model=str(initial), path="native", steps=max_steps, batch=batch, seq_len=seq_len, optim=optim,
-        seed=request.seed, device=request.device, batch_source=source,
-    )
-    trainer = Trainer(train_request)
-    clock = BudgetClock(request.budget_min)
+
+    def make_trainer(steps: int) -> Trainer:
+        # Weight decay 0: the embeddings of rarely drawn keys would be decayed towards zero between their uses.
+        optim = OptimConfig(lr=request.lr, warmup_steps=min(request.warmup_steps, steps), weight_decay=0.0)
+        return Trainer(TrainRequest(
+            model=str(initial), path="native", steps=steps, batch=batch, seq_len=seq_len, optim=optim,
+            seed=request.seed, device=request.device, batch_source=source,
+        ))
+
+    clock = BudgetClock(request.budget_min)  # started before the calibration: its steps are paid from the budget
+    max_steps, step_cpu_s = request.steps, None
+    if max_steps is None:
+        # Only a CPU budget: plan the warm-up + cosine schedule for the steps that budget buys, so the LR
+        # decays over the real run (a schedule planned for 100,000 steps would stay at its peak).
+        step_cpu_s = _calibrate(make_trainer)
+        max_steps = max(request.warmup_steps + 1, int(clock.remaining_s() / step_cpu_s))
+    trainer = make_trainer(max_steps)
     record = None
     validation: dict[int, float] = {}
     history: list[dict] = []
@@ -208,7 +221,9 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
             return scores
 
         with progress_bar(f"recall {name}", total=request.steps or 0, enabled=request.progress) as advance:
-            for step in range(max_steps):
+            # A calibrated horizon is a plan, not a limit: if the steps turn out cheaper than timed (the first
+            # steps of a process are slow), training goes on at the schedule's floor until the budget is spent.
+            for step in range(request.steps) if request.steps is not None else itertools.count():
                 if clock.spent():
                     stopped_by = "budget-min"
                     break
@@ -234,13 +249,30 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
     steps_done = len(trainer.records)
     info = {
         "name": name, "arch": arch, "seq_len": seq_len, "pairs_trained": pair_counts, "batch": batch, "checkpoint": str(checkpoint),
-        "steps_done": steps_done, "steps_planned": max_steps, "minutes": cpu_minutes, "wall_minutes": wall_minutes,
-        "final_loss": record["loss"] if record else None, "first_loss": trainer.records[0]["loss"] if trainer.records else None,
+        "steps_done": steps_done, "steps_planned": max_steps, "calibrated_step_cpu_s": step_cpu_s, "minutes": cpu_minutes, "wall_minutes": wall_minutes,
+        "final_loss": record["loss"] if record else None, "final_lr": record["lr"] if record else None, "first_loss": trainer.records[0]["loss"] if trainer.records else None,
         "stopped_by": stopped_by, "target": request.until_accuracy,
         "converged": all(validation[p] >= request.until_accuracy for p in pair_counts) if watching else None,
         "validation": history,
     }
     return info, scores, validation
+
+
+CALIBRATION_STEPS = (5, 20)  # steps timed to plan a budget's schedule: after the first (slow) ones, fifteen of them
+
+
+def _calibrate(make_trainer) -> float:
+    """CPU seconds per optimizer step of this model and batch, from a throwaway trainer (its updates are dropped)."""
+    first, last = CALIBRATION_STEPS
+    trainer = make_trainer(DEFAULT_MAX_STEPS)
+    try:
+        for step in range(last):
+            if step == first:
+                started = time.process_time()
+            trainer.step(step)
+        return max(1e-6, (time.process_time() - started) / (last - first))
+    finally:
+        trainer.close()
 
 
 class BudgetClock:
@@ -256,6 +288,9 @@ class BudgetClock:
 
     def wall_minutes(self) -> float:
         return (time.monotonic() - self.wall_start) / 60
+
+    def remaining_s(self) -> float:
+        return self.budget_s - (time.process_time() - self.cpu_start)
 
     def spent(self) -> bool:
         return time.process_time() - self.cpu_start >= self.budget_s

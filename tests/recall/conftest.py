@@ -13,6 +13,6 @@ from tests.conftest import run_assay
 def recall_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("recall")
     result = run_assay("recall", "train", "--out", str(out), "--arch", "gla,qwen3", "--pairs", "2,4,16", "--seq-len", "32",
-                       "--steps", "6", "--keys", "32", "--eval-examples", "8", "--json")
+                       "--steps", "6", "--keys", "32", "--filler", "16", "--eval-examples", "8", "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     return out

@@ -19,7 +19,9 @@ def test_train_writes_results_checkpoints_and_plot(recall_run):
     for arch in ("gla", "qwen3"):
         row = cells[(arch, 4)]
         assert row["status"] == "ok" and row["steps"] == 6 and row["total"] == 8 * 4 and 0 <= row["accuracy"] <= 1
-        assert (recall_run / "models" / f"{arch}-L32" / "config.json").is_file()
+        config = json.loads((recall_run / "models" / f"{arch}-L32" / "config.json").read_text())
+        # --keys 32 --filler 16: the model's vocabulary is the task's, 64 (specials) + 32 keys + 32 values + 16 filler.
+        assert config["vocab_size"] == 64 + 32 + 32 + 16
     assert cells[("gla", 4)]["state_kind"] == "state" and cells[("qwen3", 4)]["state_kind"] == "kv_cache"
     assert cells[("gla", 4)]["params"] != cells[("qwen3", 4)]["params"]  # both counts reported, each its own
     assert (recall_run / "recall.png").read_bytes()[:4] == b"\x89PNG"

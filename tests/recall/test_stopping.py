@@ -8,7 +8,7 @@ import json
 from assay.recall.models import ModelSize, matched_params, model_args, state_bytes
 from assay.recall.mqar import MQARSpec
 from assay.recall.sweep import RecallSweepRequest, sweep_points
-from assay.recall.train import RecallTrainRequest, train_recall
+from assay.recall.train import DEFAULT_MAX_STEPS, RecallTrainRequest, train_recall
 
 # One pair: the only value in the sequence is the answer, so a model gets there in tens of steps.
 EASY = MQARSpec(n_keys=16, n_values=16)
@@ -40,6 +40,21 @@ def test_a_budget_that_runs_out_is_recorded_as_not_converged(tmp_path):
     assert row["val_accuracy"] < 1.0
     saved = json.loads((tmp_path / "results.json").read_text())["rows"][0]
     assert saved["converged"] is False and saved["arch"] == "gla" and saved["pairs"] == 4
+
+
+def test_a_cpu_budget_plans_the_schedule_for_the_steps_it_buys(tmp_path):
+    # Only --budget-min: the warm-up + cosine horizon is the budget's steps (timed on a throwaway trainer),
+    # so the LR decays over the run instead of staying at the peak of a 100,000-step plan.
+    request = RecallTrainRequest(out=tmp_path, archs=("qwen3",), pairs=(1,), seq_lens=(16,), budget_min=0.05, batch=8, lr=1e-2,
+                                 warmup_steps=5, layout=EASY, size=TINY, eval_examples=8)
+    (model,) = train_recall(request).models
+    assert model["calibrated_step_cpu_s"] > 0
+    assert 5 < model["steps_planned"] < DEFAULT_MAX_STEPS
+    # The budget, not the plan, ends the run: steps cheaper than timed continue at the schedule's floor.
+    assert model["stopped_by"] == "budget-min" and model["minutes"] >= request.budget_min
+    assert model["steps_done"] >= 0.5 * model["steps_planned"]
+    # The cosine ends at 10% of the peak: at half the plan or later the LR is clearly below the peak.
+    assert model["final_lr"] < 0.9 * request.lr
 
 
 def test_curriculum_adds_pair_counts_as_the_active_ones_reach_the_target(tmp_path):
