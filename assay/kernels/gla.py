@@ -27,6 +27,8 @@ Two forms of the [C, C] scores, chosen per (batch, head, chunk) from the gates' 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -170,13 +172,34 @@ class _GLAChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, g, initial_state, scale, chunk_size):
-        parts = _chunk_parts(q, k, g, chunk_size)
+        # The forward keeps one decay factor per position, exp(b), and fewer full-size passes than the
+        # backward's _chunk_parts: queries q exp(b), keys k exp(-b) (<= e^RANGE |k| in a factorised
+        # chunk), and each chunk's update (k exp(-b))^T v scaled by exp(B) afterwards ([K, V] rows,
+        # not [C, K]); explicit chunks get their scores and updates written in their own form.
+        q_c, k_c, g_c = (_chunked(x, chunk_size) for x in (q, k, g))
+        decay_in = g_c.cumsum(-2).exp_()  # [B, H, N, C, K]: exp(b), contiguous
+        chunk_decay = decay_in[..., -1, :].unsqueeze(-1).clone()  # [B, H, N, K, 1]: exp(B)
+        queries_in = torch.mul(decay_in, q_c)  # decay first: the result takes its contiguous layout
+        explicit = _explicit_chunks(chunk_decay)  # [B, H, N]
+        # exp(-b) overflows only in explicit chunks, whose scores and updates are replaced below: a
+        # floor keeps their discarded values finite (no inf * 0 = nan in a matmul, no slow denormals).
+        floor = torch.where(explicit[..., None, None], math.exp(-FACTORISED_LOG_RANGE), 0.0) if _compiling() else None
+        if floor is not None:
+            decay_in = torch.maximum(decay_in, floor)
+        elif explicit.any():
+            decay_in.clamp_(min=math.exp(-FACTORISED_LOG_RANGE))
+        keys_in = torch.div(k_c, decay_in, out=None if floor is not None else decay_in)  # k exp(-b)
         v_c = _chunked(v, chunk_size).contiguous()  # [B, H, N, C, V]
-        scores = _scores(parts, scale)  # [B, H, N, C, C]
-        updates = _bmm(parts.keys_out.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
-        states, final = _scan_states(initial_state, parts.chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
+        scores = _bmm(queries_in, keys_in.transpose(-1, -2), alpha=scale).tril_()  # [B, H, N, C, C]
+        updates = _bmm(keys_in.transpose(-1, -2), v_c).mul_(chunk_decay)  # [B, H, N, K, V]: (k exp(B - b))^T v
+        scores, updates = _replace_explicit(
+            explicit, (scores, updates),
+            lambda q_e, k_e, v_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale), _explicit_updates(k_e, v_e, g_e)),
+            (q_c, k_c, v_c, g_c),
+        )
+        states, final = _scan_states(initial_state, chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
         # o = scores v + scale * (q exp(b)) S_entry, the second added inside the batched matmul.
-        o = _bmm(parts.queries_in, states, add=_bmm(scores, v_c), alpha=scale)
+        o = _bmm(queries_in, states, add=_bmm(scores, v_c), alpha=scale)
         return o.flatten(2, 3).transpose(1, 2), final, states
 
     @staticmethod
@@ -273,7 +296,9 @@ def _chunk_parts(q, k, g, chunk_size) -> _ChunkParts:
 def _scores(parts: _ChunkParts, scale: float) -> torch.Tensor:
     """[B, H, N, C, C]: scale q_i . k_j exp(b_i - b_j) for j <= i, 0 above the diagonal."""
     scores = _bmm(parts.queries_in, (parts.keys_out * parts.rescale_sq).transpose(-1, -2), alpha=scale).tril_()
-    return _with_explicit_scores(scores, parts, scale)
+    return _replace_explicit(
+        parts.explicit, (scores,), lambda q_e, k_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale),), (parts.q_c, parts.k_c, parts.g_c)
+    )[0]
 
 
 def _scan_states(state, chunk_decay, updates):
@@ -290,33 +315,52 @@ def _scan_states(state, chunk_decay, updates):
 # ---------------------------------------------------------------- the explicit form, per chunk
 
 
-def _with_explicit_scores(scores, parts: _ChunkParts, scale: float) -> torch.Tensor:
-    """scores with those of the chunks whose gates rule out the factorised form written explicitly."""
-    explicit = parts.explicit  # [B, H, N]
-    if torch.compiler.is_compiling():
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _explicit_chunks(chunk_decay: torch.Tensor) -> torch.Tensor:
+    """[B, H, N] bool from exp(B) [B, H, N, K, 1]: the chunks whose total log decay B is below
+    -FACTORISED_LOG_RANGE in some key channel (the test _chunk_parts applies, in exp space)."""
+    return chunk_decay.amin((-2, -1)) < math.exp(-FACTORISED_LOG_RANGE)
+
+
+def _replace_explicit(explicit, values, explicit_values, inputs):
+    """values (each [B, H, N, ...]) with the entries of the explicit chunks ([B, H, N] bool) replaced
+    by explicit_values(*inputs, each flattened to [B * H * N, ...]) (decays from a float64 cumulative
+    sum, every exponent <= 0)."""
+    if _compiling():
         # One graph whatever the gates: cond runs the explicit branch only when some chunk needs it;
-        # the branch computes every chunk's explicit scores and keeps them where needed. Both
+        # the branch computes every chunk's explicit values and keeps them where needed. Both
         # branches return flat tensors: under dynamic shapes their strides must agree symbolically.
-        def with_explicit(scores, q_c, k_c, g_c, explicit):
-            full = _explicit_scores(q_c.flatten(0, 2), k_c.flatten(0, 2), g_c.flatten(0, 2), scale).view(scores.shape)
-            return torch.where(explicit[..., None, None], full, scores).flatten()
+        def with_explicit(explicit, values, inputs):
+            computed = explicit_values(*(x.flatten(0, 2) for x in inputs))
+            keep = explicit.view(*explicit.shape, *[1] * (values[0].dim() - 3))
+            return tuple(torch.where(keep, full.view(value.shape), value).flatten() for full, value in zip(computed, values))
 
-        def without(scores, q_c, k_c, g_c, explicit):
-            return scores.flatten().clone()
+        def without(explicit, values, inputs):
+            return tuple(value.flatten().clone() for value in values)
 
-        flat = torch.cond(explicit.any(), with_explicit, without, (scores, parts.q_c, parts.k_c, parts.g_c, explicit))
-        return flat.view(scores.shape)
+        flat = torch.cond(explicit.any(), with_explicit, without, (explicit, tuple(values), tuple(inputs)))
+        return tuple(x.view(value.shape) for x, value in zip(flat, values))
     if explicit.any():
         index = explicit.flatten().nonzero().squeeze(1)
-        picked = [x.flatten(0, 2)[index] for x in (parts.q_c, parts.k_c, parts.g_c)]
-        scores.flatten(0, 2)[index] = _explicit_scores(*picked, scale)
-    return scores
+        for value, computed in zip(values, explicit_values(*(x.flatten(0, 2)[index] for x in inputs))):
+            value.flatten(0, 2)[index] = computed
+    return tuple(values)
+
+
+def _explicit_updates(k, v, g):
+    """(k exp(B - b))^T v per chunk, from k, g [M, C, K] and v [M, C, V]: [M, K, V], exponents <= 0."""
+    b = g.to(torch.float64).cumsum(-2)
+    keys_out = k * (b[..., -1:, :] - b).to(k.dtype).exp()
+    return keys_out.transpose(-1, -2) @ v
 
 
 def _add_explicit_grads(grad_q, grad_k, parts: _ChunkParts, grad_scores, scale: float) -> None:
     """Add the explicit chunks' intra-chunk gradients of q and k (the factorised part left them 0)."""
     explicit = parts.explicit
-    if torch.compiler.is_compiling():
+    if _compiling():
         def with_explicit(grad_q, grad_k, q_c, k_c, g_c, grad_scores, explicit):
             dq, dk = _explicit_score_grads(*(x.flatten(0, 2) for x in (q_c, k_c, g_c, grad_scores)), scale)
             keep = explicit[..., None, None]
