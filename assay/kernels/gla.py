@@ -177,31 +177,15 @@ class _GLAChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, g, initial_state, scale, chunk_size):
-        # The forward keeps one decay factor per position, exp(b), and fewer full-size passes than the
-        # backward's _chunk_parts: queries q exp(b), keys k exp(-b) (<= e^RANGE |k| in a factorised
-        # chunk), and each chunk's update (k exp(-b))^T v scaled by exp(B) afterwards ([K, V] rows,
-        # not [C, K]); explicit chunks get their scores and updates written in their own form.
-        q_c, k_c, g_c = (_chunked(x, chunk_size) for x in (q, k, g))
-        decay_in = g_c.cumsum(-2).exp_()  # [B, H, N, C, K]: exp(b), contiguous
-        chunk_decay = decay_in[..., -1, :].unsqueeze(-1).clone()  # [B, H, N, K, 1]: exp(B)
-        queries_in = torch.mul(decay_in, q_c)  # decay first: the result takes its contiguous layout
-        explicit = _explicit_chunks(chunk_decay)  # [B, H, N]
-        # exp(-b) overflows only in explicit chunks, whose scores and updates are replaced below: a
-        # floor keeps their discarded values finite (no inf * 0 = nan in a matmul, no slow denormals).
-        floor = torch.where(explicit[..., None, None], math.exp(-FACTORISED_LOG_RANGE), 0.0) if _compiling() else None
-        if floor is not None:
-            decay_in = torch.maximum(decay_in, floor)
-        elif explicit.any():
-            decay_in.clamp_(min=math.exp(-FACTORISED_LOG_RANGE))
-        keys_in = torch.div(k_c, decay_in, out=None if floor is not None else decay_in)  # k exp(-b)
         v_c = _chunked(v, chunk_size).contiguous()  # [B, H, N, C, V]
-        scores = _bmm(queries_in, keys_in.transpose(-1, -2), alpha=scale).tril_()  # [B, H, N, C, C]
-        updates = _bmm(keys_in.transpose(-1, -2), v_c).mul_(chunk_decay)  # [B, H, N, K, V]: (k exp(B - b))^T v
-        scores, updates = _replace_explicit(
-            explicit, (scores, updates),
-            lambda q_e, k_e, v_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale), _explicit_updates(k_e, v_e, g_e)),
-            (q_c, k_c, v_c, g_c),
-        )
+        if _compiling():
+            # Compiled, the backward's parts: inductor fuses the elementwise passes that the eager form
+            # saves, and the data-dependent branch (a cond) then only replaces scores.
+            parts = _chunk_parts(q, k, g, chunk_size)
+            queries_in, chunk_decay, scores = parts.queries_in, parts.chunk_decay, _scores(parts, scale)
+            updates = _bmm(parts.keys_out.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
+        else:
+            queries_in, chunk_decay, scores, updates = _eager_chunk_terms(q, k, v_c, g, scale, chunk_size)
         states, final = _scan_states(initial_state, chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
         # o = scores v + scale * (q exp(b)) S_entry, the second added inside the batched matmul.
         o = _bmm(queries_in, states, add=_bmm(scores, v_c), alpha=scale)
@@ -317,17 +301,36 @@ def _scan_states(state, chunk_decay, updates):
     return torch.stack(states, dim=2), state
 
 
+def _eager_chunk_terms(q, k, v_c, g, scale: float, chunk_size: int):
+    """(q exp(b), exp(B) [B, H, N, K, 1], scores [B, H, N, C, C], updates [B, H, N, K, V]) in the fewest
+    full-size passes: one decay factor per position, exp(b); queries q exp(b), keys k exp(-b) (at most
+    e^RANGE |k| in a factorised chunk); each chunk's update (k exp(-b))^T v scaled by exp(B) after the
+    matmul ([K, V] rows, not [C, K] keys); explicit chunks get scores and updates in their own form."""
+    q_c, k_c, g_c = (_chunked(x, chunk_size) for x in (q, k, g))
+    decay_in = g_c.cumsum(-2).exp_()  # [B, H, N, C, K]: exp(b), contiguous
+    chunk_decay = decay_in[..., -1, :].unsqueeze(-1).clone()  # [B, H, N, K, 1]: exp(B)
+    queries_in = torch.mul(decay_in, q_c)  # decay first: the result takes its contiguous layout
+    explicit = chunk_decay.amin((-2, -1)) < math.exp(-FACTORISED_LOG_RANGE)  # [B, H, N]: B < -RANGE somewhere
+    if explicit.any():
+        # exp(-b) overflows only in explicit chunks, whose values are replaced below: the floor keeps
+        # them finite (no inf * 0 = nan in a matmul, no slow denormals) and leaves factorised ones alone.
+        decay_in.clamp_(min=math.exp(-FACTORISED_LOG_RANGE))
+    keys_in = torch.div(k_c, decay_in, out=decay_in)  # k exp(-b), in exp(b)'s memory
+    scores = _bmm(queries_in, keys_in.transpose(-1, -2), alpha=scale).tril_()
+    updates = _bmm(keys_in.transpose(-1, -2), v_c).mul_(chunk_decay)  # (k exp(B - b))^T v
+    scores, updates = _replace_explicit(
+        explicit, (scores, updates),
+        lambda q_e, k_e, v_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale), _explicit_updates(k_e, v_e, g_e)),
+        (q_c, k_c, v_c, g_c),
+    )
+    return queries_in, chunk_decay, scores, updates
+
+
 # ---------------------------------------------------------------- the explicit form, per chunk
 
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
-
-
-def _explicit_chunks(chunk_decay: torch.Tensor) -> torch.Tensor:
-    """[B, H, N] bool from exp(B) [B, H, N, K, 1]: the chunks whose total log decay B is below
-    -FACTORISED_LOG_RANGE in some key channel (the test _chunk_parts applies, in exp space)."""
-    return chunk_decay.amin((-2, -1)) < math.exp(-FACTORISED_LOG_RANGE)
 
 
 def _replace_explicit(explicit, values, explicit_values, inputs):
