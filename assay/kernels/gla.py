@@ -18,9 +18,11 @@ Its forward and backward are written out (`_GLAChunkFunction`): the backward rec
 tensors from q, k, v, g and the chunk-entry states, so autograd keeps O(T*K) per head, not O(T*C*K).
 
 Two forms of the [C, C] scores, chosen per (batch, head, chunk) from the gates' range (docs/gla.md):
-- factorised (fast, two matmuls): scores = (q * exp(b)) (k * exp(-b))^T with b the cumulative log gate
-  inside the chunk, written as (q exp(b) e^{-B/2}) (k exp(B - b) e^{-B/2})^T so that no factor exceeds
-  exp(|B|/2); exact while the chunk's total log decay B is >= -FACTORISED_LOG_RANGE in every channel;
+- factorised (one matmul): scores = (q exp(b)) (k exp(-b))^T with b the cumulative log gate inside
+  the chunk; exact while the chunk's total log decay B is >= -FACTORISED_LOG_RANGE in every channel
+  (no factor above e^RANGE |k|). The eager forward builds k exp(-b) directly, in the fewest full-size
+  passes (`_eager_chunk_terms`); the backward and the compiled forward (where inductor fuses the
+  passes) use (k exp(B - b)) exp(-B), each factor safe for any gate (`_chunk_parts`);
 - explicit (gates that wipe the state inside one chunk): the [C, C, K] decays exp(b_i - b_j) built
   from a float64 cumulative sum, only for the chunks that need it.
 """
