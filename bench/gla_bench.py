@@ -89,13 +89,14 @@ def fla_naive():
     return ops
 
 
-def build_ops(before_rev: str | None) -> dict:
+def build_ops(before_rev: str | None, compiled: bool = True) -> dict:
     ops = {"gla_chunk": lambda q, k, v, g: gla_chunk(q, k, v, g, chunk_size=CHUNK)[0]}
     if before_rev:
         before = load_before(before_rev)
         ops[f"gla_chunk@{before_rev}"] = lambda q, k, v, g: before(q, k, v, g, chunk_size=CHUNK)[0]
-    compiled = compile_fn(gla_chunk, "inductor", fullgraph=True, dynamic=False)
-    ops["gla_chunk compiled"] = lambda q, k, v, g: compiled(q, k, v, g, chunk_size=CHUNK)[0]
+    if compiled:
+        compiled_chunk = compile_fn(gla_chunk, "inductor", fullgraph=True, dynamic=False)
+        ops["gla_chunk compiled"] = lambda q, k, v, g: compiled_chunk(q, k, v, g, chunk_size=CHUNK)[0]
     ops["gla_recurrent"] = lambda q, k, v, g: gla_recurrent(q, k, v, g)[0]
     ops.update(fla_naive())
     # softmax attention: SDPA wants [B, H, T, D]
@@ -139,10 +140,10 @@ def saved_bytes(call, inputs) -> int:
     return sum(storages.values())
 
 
-def run(lengths: list[int], rounds: int, before_rev: str | None) -> dict:
+def run(lengths: list[int], rounds: int, before_rev: str | None, compiled: bool = True) -> dict:
     started = time.perf_counter()
     load_start = os.getloadavg()
-    ops = build_ops(before_rev)
+    ops = build_ops(before_rev, compiled)
     rows, compile_s, rates, loads = [], {}, [], []
     for mode in ("fwd", "fwd+bwd"):
         for time_steps in lengths:
@@ -210,7 +211,7 @@ def run(lengths: list[int], rounds: int, before_rev: str | None) -> dict:
         "config": {
             "batch": BATCH, "heads": HEADS, "key_dim": KEY_DIM, "value_dim": VALUE_DIM, "dtype": "float32", "chunk_size": CHUNK,
             "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, "lengths": lengths,
-            "rounds": rounds, "before": before_rev, "fla_installed": bool(fla_naive()),
+            "rounds": rounds, "before": before_rev, "compiled": compiled, "fla_installed": bool(fla_naive()),
             "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "loadavg_1min_per_round": loads,
             "cores": os.cpu_count(),
         },
@@ -254,11 +255,13 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS), help="folder for gla.json and gla.png")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (half past 4K tokens)")
+    parser.add_argument("--no-compile", dest="compiled", action="store_false",
+                        help="leave out the inductor rows (each compile takes minutes on a loaded machine)")
     parser.add_argument("--before", default="2e46294", help="git revision whose gla_chunk is timed as 'before' ('' for none)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lengths = [int(x) for x in args.lengths.split(",")]
-    result = run(lengths, args.rounds, args.before or None)
+    result = run(lengths, args.rounds, args.before or None, args.compiled)
     out = Path(args.out)
     atomic_write_json(out / "gla.json", result)
     draw(result, out / "gla.png")

@@ -18,14 +18,18 @@ Its forward and backward are written out (`_GLAChunkFunction`): the backward rec
 tensors from q, k, v, g and the chunk-entry states, so autograd keeps O(T*K) per head, not O(T*C*K).
 
 Two forms of the [C, C] scores, chosen per (batch, head, chunk) from the gates' range (docs/gla.md):
-- factorised (fast, two matmuls): scores = (q * exp(b)) (k * exp(-b))^T with b the cumulative log gate
-  inside the chunk, written as (q exp(b) e^{-B/2}) (k exp(B - b) e^{-B/2})^T so that no factor exceeds
-  exp(|B|/2); exact while the chunk's total log decay B is >= -FACTORISED_LOG_RANGE in every channel;
+- factorised (one matmul): scores = (q exp(b)) (k exp(-b))^T with b the cumulative log gate inside
+  the chunk; exact while the chunk's total log decay B is >= -FACTORISED_LOG_RANGE in every channel
+  (no factor above e^RANGE |k|). The eager forward builds k exp(-b) directly, in the fewest full-size
+  passes (`_eager_chunk_terms`); the backward and the compiled forward (where inductor fuses the
+  passes) use (k exp(B - b)) exp(-B), each factor safe for any gate (`_chunk_parts`);
 - explicit (gates that wipe the state inside one chunk): the [C, C, K] decays exp(b_i - b_j) built
   from a float64 cumulative sum, only for the chunks that need it.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +44,10 @@ CHUNK_MULTIPLE = 16
 # normal float32 (no denormals, whose arithmetic is slow and inexact).
 FACTORISED_LOG_RANGE = 60.0
 # gla_chunk works through the sequence this many tokens (rounded down to whole chunks) at a time:
-# one segment's [T, H, K] intermediates (1 MB at H=4, K=64 in float32) stay in this CPU's 2 MB L2,
-# and only one [K, V] state crosses a segment boundary. 1024 was the fastest of 256 to 16K at 4K tokens.
-SEGMENT_TOKENS = 1024
+# one segment's [T, H, K] intermediates (2 MB at H=4, K=64 in float32) stay near this CPU's 2 MB L2
+# per core, and only one [K, V] state crosses a segment boundary; each segment costs about 0.4 ms of
+# fixed op overhead. At 4K tokens on 2 threads 2048 was faster than 1024 and than one segment.
+SEGMENT_TOKENS = 2048
 # The explicit form's [chunks, C, C, K] decay tensor is built this many elements at a time (memory).
 EXPLICIT_BLOCK_ELEMENTS = 1 << 22
 
@@ -155,7 +160,11 @@ def _segment(q, k, v, g, state, scale, chunk_size):
         x = x.to(state.dtype)
         return F.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x
 
-    o, state, _ = _GLAChunkFunction.apply(*map(whole_chunks, (q, k, v, g)), state, scale, chunk_size)
+    inputs = (*map(whole_chunks, (q, k, v, g)), state)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs) or _compiling():
+        o, state, _ = _GLAChunkFunction.apply(*inputs, scale, chunk_size)
+    else:  # nothing to differentiate (inference, prefill): the Function's bookkeeping costs 60 us a call
+        o, state, _ = _GLAChunkFunction.forward(*inputs, scale, chunk_size)
     return (o[:, :time] if pad else o), state
 
 
@@ -170,13 +179,18 @@ class _GLAChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, g, initial_state, scale, chunk_size):
-        parts = _chunk_parts(q, k, g, chunk_size)
         v_c = _chunked(v, chunk_size).contiguous()  # [B, H, N, C, V]
-        scores = _scores(parts, scale)  # [B, H, N, C, C]
-        updates = _bmm(parts.keys_out.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
-        states, final = _scan_states(initial_state, parts.chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
+        if _compiling():
+            # Compiled, the backward's parts: inductor fuses the elementwise passes that the eager form
+            # saves, and the data-dependent branch (a cond) then only replaces scores.
+            parts = _chunk_parts(q, k, g, chunk_size)
+            queries_in, chunk_decay, scores = parts.queries_in, parts.chunk_decay, _scores(parts, scale)
+            updates = _bmm(parts.keys_out.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
+        else:
+            queries_in, chunk_decay, scores, updates = _eager_chunk_terms(q, k, v_c, g, scale, chunk_size)
+        states, final = _scan_states(initial_state, chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
         # o = scores v + scale * (q exp(b)) S_entry, the second added inside the batched matmul.
-        o = _bmm(parts.queries_in, states, add=_bmm(scores, v_c), alpha=scale)
+        o = _bmm(queries_in, states, add=_bmm(scores, v_c), alpha=scale)
         return o.flatten(2, 3).transpose(1, 2), final, states
 
     @staticmethod
@@ -273,7 +287,9 @@ def _chunk_parts(q, k, g, chunk_size) -> _ChunkParts:
 def _scores(parts: _ChunkParts, scale: float) -> torch.Tensor:
     """[B, H, N, C, C]: scale q_i . k_j exp(b_i - b_j) for j <= i, 0 above the diagonal."""
     scores = _bmm(parts.queries_in, (parts.keys_out * parts.rescale_sq).transpose(-1, -2), alpha=scale).tril_()
-    return _with_explicit_scores(scores, parts, scale)
+    return _replace_explicit(
+        parts.explicit, (scores,), lambda q_e, k_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale),), (parts.q_c, parts.k_c, parts.g_c)
+    )[0]
 
 
 def _scan_states(state, chunk_decay, updates):
@@ -287,36 +303,74 @@ def _scan_states(state, chunk_decay, updates):
     return torch.stack(states, dim=2), state
 
 
+def _eager_chunk_terms(q, k, v_c, g, scale: float, chunk_size: int):
+    """(q exp(b), exp(B) [B, H, N, K, 1], scores [B, H, N, C, C], updates [B, H, N, K, V]) in the fewest
+    full-size passes: one decay factor per position, exp(b); queries q exp(b), keys k exp(-b) (at most
+    e^RANGE |k| in a factorised chunk); each chunk's update (k exp(-b))^T v scaled by exp(B) after the
+    matmul ([K, V] rows, not [C, K] keys); explicit chunks get scores and updates in their own form."""
+    q_c, k_c, g_c = (_chunked(x, chunk_size) for x in (q, k, g))
+    decay_in = g_c.cumsum(-2).exp_()  # [B, H, N, C, K]: exp(b), contiguous
+    chunk_decay = decay_in[..., -1, :].unsqueeze(-1).clone()  # [B, H, N, K, 1]: exp(B)
+    queries_in = torch.mul(decay_in, q_c)  # decay first: the result takes its contiguous layout
+    explicit = chunk_decay.amin((-2, -1)) < math.exp(-FACTORISED_LOG_RANGE)  # [B, H, N]: B < -RANGE somewhere
+    if explicit.any():
+        # exp(-b) overflows only in explicit chunks, whose values are replaced below: the floor keeps
+        # them finite (no inf * 0 = nan in a matmul, no slow denormals) and leaves factorised ones alone.
+        decay_in.clamp_(min=math.exp(-FACTORISED_LOG_RANGE))
+    keys_in = torch.div(k_c, decay_in, out=decay_in)  # k exp(-b), in exp(b)'s memory
+    scores = _bmm(queries_in, keys_in.transpose(-1, -2), alpha=scale).tril_()
+    updates = _bmm(keys_in.transpose(-1, -2), v_c).mul_(chunk_decay)  # (k exp(B - b))^T v
+    scores, updates = _replace_explicit(
+        explicit, (scores, updates),
+        lambda q_e, k_e, v_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale), _explicit_updates(k_e, v_e, g_e)),
+        (q_c, k_c, v_c, g_c),
+    )
+    return queries_in, chunk_decay, scores, updates
+
+
 # ---------------------------------------------------------------- the explicit form, per chunk
 
 
-def _with_explicit_scores(scores, parts: _ChunkParts, scale: float) -> torch.Tensor:
-    """scores with those of the chunks whose gates rule out the factorised form written explicitly."""
-    explicit = parts.explicit  # [B, H, N]
-    if torch.compiler.is_compiling():
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _replace_explicit(explicit, values, explicit_values, inputs):
+    """values (each [B, H, N, ...]) with the entries of the explicit chunks ([B, H, N] bool) replaced
+    by explicit_values(*inputs, each flattened to [B * H * N, ...]) (decays from a float64 cumulative
+    sum, every exponent <= 0)."""
+    if _compiling():
         # One graph whatever the gates: cond runs the explicit branch only when some chunk needs it;
-        # the branch computes every chunk's explicit scores and keeps them where needed. Both
+        # the branch computes every chunk's explicit values and keeps them where needed. Both
         # branches return flat tensors: under dynamic shapes their strides must agree symbolically.
-        def with_explicit(scores, q_c, k_c, g_c, explicit):
-            full = _explicit_scores(q_c.flatten(0, 2), k_c.flatten(0, 2), g_c.flatten(0, 2), scale).view(scores.shape)
-            return torch.where(explicit[..., None, None], full, scores).flatten()
+        def with_explicit(explicit, values, inputs):
+            computed = explicit_values(*(x.flatten(0, 2) for x in inputs))
+            keep = explicit.view(*explicit.shape, *[1] * (values[0].dim() - 3))
+            return tuple(torch.where(keep, full.view(value.shape), value).flatten() for full, value in zip(computed, values))
 
-        def without(scores, q_c, k_c, g_c, explicit):
-            return scores.flatten().clone()
+        def without(explicit, values, inputs):
+            return tuple(value.flatten().clone() for value in values)
 
-        flat = torch.cond(explicit.any(), with_explicit, without, (scores, parts.q_c, parts.k_c, parts.g_c, explicit))
-        return flat.view(scores.shape)
+        flat = torch.cond(explicit.any(), with_explicit, without, (explicit, tuple(values), tuple(inputs)))
+        return tuple(x.view(value.shape) for x, value in zip(flat, values))
     if explicit.any():
         index = explicit.flatten().nonzero().squeeze(1)
-        picked = [x.flatten(0, 2)[index] for x in (parts.q_c, parts.k_c, parts.g_c)]
-        scores.flatten(0, 2)[index] = _explicit_scores(*picked, scale)
-    return scores
+        for value, computed in zip(values, explicit_values(*(x.flatten(0, 2)[index] for x in inputs))):
+            value.flatten(0, 2)[index] = computed
+    return tuple(values)
+
+
+def _explicit_updates(k, v, g):
+    """(k exp(B - b))^T v per chunk, from k, g [M, C, K] and v [M, C, V]: [M, K, V], exponents <= 0."""
+    b = g.to(torch.float64).cumsum(-2)
+    keys_out = k * (b[..., -1:, :] - b).to(k.dtype).exp()
+    return keys_out.transpose(-1, -2) @ v
 
 
 def _add_explicit_grads(grad_q, grad_k, parts: _ChunkParts, grad_scores, scale: float) -> None:
     """Add the explicit chunks' intra-chunk gradients of q and k (the factorised part left them 0)."""
     explicit = parts.explicit
-    if torch.compiler.is_compiling():
+    if _compiling():
         def with_explicit(grad_q, grad_k, q_c, k_c, g_c, grad_scores, explicit):
             dq, dk = _explicit_score_grads(*(x.flatten(0, 2) for x in (q_c, k_c, g_c, grad_scores)), scale)
             keep = explicit[..., None, None]
