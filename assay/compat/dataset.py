@@ -240,7 +240,10 @@ def query(
         clauses.append("lower(model) LIKE ?")
         params.append(f"%{model.lower()}%")
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    selected = ", ".join(f'"{c}"' for c in columns if c in COLUMNS) if columns else "*"
+    # Older files (schema < 4) lack the newer columns: those read as null, by name, like a missing value.
+    present = {name for name, *_ in connection.execute("DESCRIBE results").fetchall()}
+    wanted = [c for c in columns if c in COLUMNS] if columns else COLUMNS + sorted(present - set(COLUMNS))
+    selected = ", ".join(f'"{c}"' if c in present else f'NULL AS "{c}"' for c in wanted)
     try:
         cursor = connection.execute(f"SELECT {selected} FROM results {where} ORDER BY stack_id, model", params)
     except duckdb.Error as error:  # a file whose footer reads but whose pages do not
