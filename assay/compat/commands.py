@@ -153,8 +153,9 @@ def diff_command(
         print_json(result.as_dict())
         return
     rows = [c.__dict__ for c in result.changes]
-    print_table(rows, ["model", "dtype", "kind", "base_status", "new_status", "new_reason"], title=f"{result.base} -> {result.new}",
-                styles={"kind": {"regressed": "red", "failure_changed": "yellow", "fixed": "green"}})
+    print_table(rows, ["model", "dtype", "kind", "base_status", "new_status", "base_drift", "new_drift", "new_reason"], title=f"{result.base} -> {result.new}",
+                styles={"kind": {"regressed": "red", "failure_changed": "yellow", "drift_regressed": "yellow", "fixed": "green"}},
+                headers={"base_drift": "base logit rel", "new_drift": "new logit rel"})
     fmt = lambda r: "-" if r is None else f"{100 * r:.0f}%"  # noqa: E731
     counts = ", ".join(f"{k} {v}" for k, v in result.counts().items() if v)
     typer.echo(f"pass rate over {result.models_on_both} models tested on both: {fmt(result.base_pass_rate)} -> {fmt(result.new_pass_rate)}; {counts}")

@@ -142,19 +142,21 @@ def triage_row(row: dict, budget_s: float, after: str = "dynamo", env: dict | No
             said = _last_line(stderr)
             return outcome(None, None, f"the rerun did not fail the way the row did (exit code {code}; no minifier launcher written)" + (f": {said}" if said else ""))
         launcher = minify / "minifier_launcher.py"
-        launcher.write_text(_plugin_imports(plugins) + launchers[-1].read_text())
+        dumped = _inference_only(launchers[-1].read_text())
+        launcher.write_text(_plugin_imports(plugins) + dumped)
         # 2. torch's minifier: it rewrites minify/repro.py at every smaller failing graph
         code, timed_out, stderr = _child(
             [sys.executable, "-m", "assay.compat.triage_worker", "minify", str(launcher)], minify, child_env, deadline,
         )
-        repro_file = minify / "repro.py"
-        if repro_file.exists():
-            repro = repro_file.read_text()
+        # Each smaller failing graph is saved as checkpoints/minified_<nodes>_nodes.py: the fewest nodes is the result.
+        checkpoints = sorted(minify.glob("checkpoints/minified_*_nodes.py"), key=lambda p: int(p.stem.split("_")[1]))
+        if checkpoints:
+            repro = checkpoints[0].read_text()
             note = "minified" + (f" until the {budget_s:g} s budget ran out (the smallest failing graph so far)" if timed_out else "")
         else:
             # The minifier found nothing smaller (or died trying, as on a crashing compiler): the failing
             # graph itself, as a script that runs instead of minifying, is still far smaller than the model.
-            repro = re.sub(r"command=(['\"])minify\1", "command='run'", launchers[-1].read_text())
+            repro = re.sub(r"command=(['\"])minify\1", "command='run'", dumped)
             note = "not minified (the minifier " + ("ran out of budget" if timed_out else f"wrote no repro: {_last_line(stderr) or f'exit code {code}'}") + "); the whole failing graph"
         repro = _plugin_imports(plugins) + _without_saved_inputs(repro)
         # 3. the repro alone, in an empty folder, must fail the same way
@@ -195,6 +197,13 @@ def _plugin_imports(plugins: list[str]) -> str:
         return ""
     lines = "".join(f"import {name}\n" for name in plugins)
     return f"# The backend under test registers itself on import (ASSAY_PLUGINS when this was triaged):\n{lines}"
+
+
+def _inference_only(script: str) -> str:
+    """The dumped graph's inputs without requires_grad: the probe generates under no_grad, but the dump
+    marks parameters as requiring grad, and the minifier would then run a backward pass (through the
+    static cache's in-place updates) that the probe never ran, failing for a reason of its own."""
+    return script.replace(", requires_grad=True", "")
 
 
 def _without_saved_inputs(repro: str) -> str:
