@@ -594,7 +594,8 @@ def group_reasons(reasons: pd.Series, shown: int = 4) -> str:
     reasons may be several."""
     counts: dict[str, int] = {}
     for row_reasons in reasons:
-        for reason in (row_reasons if row_reasons is not None and not isinstance(row_reasons, float) else []):
+        listed = row_reasons is not None and not isinstance(row_reasons, (float, type(pd.NA)))  # null: no reasons recorded
+        for reason in (row_reasons if listed else []):
             counts[str(reason)] = counts.get(str(reason), 0) + 1
     ranked = sorted(counts, key=lambda r: (-counts[r], r))
     more = f" … and {len(ranked) - shown} more" if len(ranked) > shown else ""
@@ -629,8 +630,8 @@ def per_model_drift(snapshot: Snapshot, stack: str, top: int = 25) -> pd.DataFra
     rows = snapshot.rows
     chosen = rows[(rows["stack_id"] == stack) & rows["logit_max_rel_max"].notna()] if stack and stack != ANY else rows.iloc[0:0]
     chosen = chosen.sort_values("logit_max_rel_max", ascending=False).head(top)
-    label = chosen["model"] + [f" ({d})" if d and d != "float32" else "" for d in chosen["dtype"].fillna("")]
-    return pd.DataFrame({"model": label.to_numpy(), "max_rel": chosen["logit_max_rel_max"].to_numpy(dtype=float),
+    label = [f"{m} ({d})" if d and d != "float32" else str(m) for m, d in zip(chosen["model"], chosen["dtype"].fillna(""))]
+    return pd.DataFrame({"model": label, "max_rel": chosen["logit_max_rel_max"].to_numpy(dtype=float),
                          "cosine_min": chosen["logit_cosine_min"].to_numpy(dtype=float), "status": chosen["status"].to_numpy()})
 
 

@@ -7,9 +7,41 @@ Both first import ASSAY_PLUGINS, so a backend registered by a plugin is found by
 
 from __future__ import annotations
 
+import inspect
 import os
 import runpy
 import sys
+
+
+def _falsely_boxed(fn) -> bool:
+    """torch 2.13's aot_module_simplified returns `forward(*runtime_args)`, an unboxed function, wrapped
+    with simple_wraps around the boxed compiled function: it copies `_boxed_call = True` onto it. The
+    minifier's run_fwd_maybe_bwd believes the flag, calls forward([args]) and every AOT-based backend
+    (aot_eager included) fails with an IndexError that is the minifier's, not the backend's."""
+    code = getattr(fn, "__code__", None)
+    return bool(getattr(fn, "_boxed_call", False)) and code is not None and bool(code.co_flags & inspect.CO_VARARGS)
+
+
+def _call_aot_forwards_unboxed() -> None:
+    import torch._dynamo.debug_utils as debug_utils
+    import torch._dynamo.repro.after_dynamo as after_dynamo
+
+    original = debug_utils.run_fwd_maybe_bwd
+
+    def run_fwd_maybe_bwd(gm, args, only_fwd=False, disable_clone=False):
+        if _falsely_boxed(gm):
+            forward = gm
+
+            def gm(*inputs):  # no _boxed_call: called with *args, as forward expects
+                return forward(*inputs)
+
+            for name in ("zero_grad", "named_parameters", "named_buffers"):  # what the minifier asks of a module
+                if hasattr(forward, name):
+                    setattr(gm, name, getattr(forward, name))
+        return original(gm, args, only_fwd, disable_clone)
+
+    debug_utils.run_fwd_maybe_bwd = run_fwd_maybe_bwd
+    after_dynamo.run_fwd_maybe_bwd = run_fwd_maybe_bwd
 
 
 def main(argv: list[str]) -> int:
@@ -19,6 +51,8 @@ def main(argv: list[str]) -> int:
 
     load_plugins()
     import torch._dynamo.config as dynamo_config
+
+    _call_aot_forwards_unboxed()
 
     mode, script, *rest = argv
     if mode == "rerun":
