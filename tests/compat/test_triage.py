@@ -49,6 +49,7 @@ def test_every_compared_step_has_its_logit_drift(zoo_dir):
     assert row["logit_reference_dtype"] == "float32"
 
 
+@pytest.mark.slow  # two probes
 def test_a_small_fault_shows_in_drift_and_in_diff_before_any_token_flips(zoo_dir, tmp_path):
     healthy = probe_and_record(ProbeRequest(str(zoo_dir / "llama"), backend="aot_eager", new_tokens=NEW_TOKENS, reference_cache=None), tmp_path)
     nudged = probe_and_record(ProbeRequest(str(zoo_dir / "llama"), backend="test_nudged_silu", new_tokens=NEW_TOKENS, reference_cache=None), tmp_path)
@@ -72,6 +73,7 @@ def test_drift_is_compared_up_to_the_first_token_mismatch(zoo_dir):
     assert row["logit_max_rel_max"] > 0.05 and row["logit_cosine_min"] < 0.999
 
 
+@pytest.mark.slow  # two probes
 def test_a_float64_reference_measures_the_float32_run_error(zoo_dir, tmp_path):
     request = ProbeRequest(str(zoo_dir / "llama"), backend="aot_eager", new_tokens=NEW_TOKENS, reference_dtype="float64",
                            reference_cache=str(tmp_path / "refs"))
