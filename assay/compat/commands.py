@@ -264,8 +264,8 @@ def triage_command(
     shown = {k: row[k] for k in ("model", "stack_id", "status", "repro_lines", "repro_verified", "repro_after", "triage_s", "triage_reason")}
     if json_out:
         print_json(shown | {"repro_py": row["repro_py"]})
-    else:
-        print_table([shown], list(shown), title=f"triage of {row['model']} on {row['stack_id']}")
+        return
+    print_table([shown], list(shown), title=f"triage of {row['model']} on {row['stack_id']}")
     if row["repro_py"]:
         typer.echo(f"the repro: assay results {results} --model {row['model']} --json | jq -r '.[0].repro_py' > repro.py")
 
