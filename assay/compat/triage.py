@@ -142,7 +142,7 @@ def triage_row(row: dict, budget_s: float, after: str = "dynamo", env: dict | No
             said = _last_line(stderr)
             return outcome(None, None, f"the rerun did not fail the way the row did (exit code {code}; no minifier launcher written)" + (f": {said}" if said else ""))
         launcher = minify / "minifier_launcher.py"
-        dumped = _inference_only(launchers[-1].read_text())
+        dumped = _unaliased(_inference_only(launchers[-1].read_text()))
         launcher.write_text(_plugin_imports(plugins) + dumped)
         # 2. torch's minifier: it rewrites minify/repro.py at every smaller failing graph
         code, timed_out, stderr = _child(
@@ -158,7 +158,7 @@ def triage_row(row: dict, budget_s: float, after: str = "dynamo", env: dict | No
             # graph itself, as a script that runs instead of minifying, is still far smaller than the model.
             repro = re.sub(r"command=(['\"])minify\1", "command='run'", dumped)
             note = "not minified (the minifier " + ("ran out of budget" if timed_out else f"wrote no repro: {_last_line(stderr) or f'exit code {code}'}") + "); the whole failing graph"
-        repro = _plugin_imports(plugins) + _without_saved_inputs(repro)
+        repro = _plugin_imports(plugins) + _without_saved_inputs(_unaliased(_inference_only(repro)))
         # 3. the repro alone, in an empty folder, must fail the same way
         (verify / "repro.py").write_text(repro)
         remaining = deadline - time.perf_counter()
@@ -204,6 +204,34 @@ def _inference_only(script: str) -> str:
     marks parameters as requiring grad, and the minifier would then run a backward pass (through the
     static cache's in-place updates) that the probe never ran, failing for a reason of its own."""
     return script.replace(", requires_grad=True", "")
+
+
+def _unaliased(script: str) -> str:
+    """One storage per input tensor. torch's input writer stores storages by content hash, so distinct
+    inputs with equal values (every layer's norm weight of ones, every layer's cache counter) come back
+    as views of one storage; a graph that updates such inputs in place (a static cache's counters) then
+    updates one tensor several times per call and fails for a reason the model never had."""
+    storages: dict[str, str] = {}
+    used: set[str] = set()
+    lines = []
+    for line in script.splitlines():
+        storage = re.match(r"^(\s*)(buf\d+) = reader\.storage\((.*)\)\s*$", line)
+        if storage:
+            storages[storage.group(2)] = storage.group(3)
+        tensor = re.match(r"^(\s*)reader\.tensor\((buf\d+)(,.*)$", line)
+        if tensor and tensor.group(2) in storages:
+            indent, name, rest = tensor.groups()
+            if name in used:
+                fresh = f"{name}_{len(used)}"
+                while fresh in storages:
+                    fresh += "_"
+                storages[fresh] = storages[name]
+                lines.append(f"{indent}{fresh} = reader.storage({storages[name]})")
+                line = f"{indent}reader.tensor({fresh}{rest}"
+                name = fresh
+            used.add(name)
+        lines.append(line)
+    return "\n".join(lines) + ("\n" if script.endswith("\n") else "")
 
 
 def _without_saved_inputs(repro: str) -> str:

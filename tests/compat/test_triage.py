@@ -147,7 +147,7 @@ def test_triage_minifies_a_compiler_that_fails_on_one_operator(zoo_dir, tmp_path
     assert row["repro_lines"] == len(repro.splitlines()) and row["repro_after"] == "dynamo"
     # The model's decode graph has ~180 nodes (two layers); the repro keeps the one operator the compiler refuses.
     calls = _graph_calls(repro)
-    assert any("rsqrt" in call for call in calls) and len(calls) <= 3, calls
+    assert any("rsqrt" in call for call in calls) and len(calls) <= 3, (row["triage_reason"], calls)
     assert row["repro_lines"] < 80
     alone = _run_repro(repro, tmp_path / "alone")
     assert alone.returncode != 0 and "vendor compiler: no kernel for aten.rsqrt" in alone.stderr
@@ -162,7 +162,7 @@ def test_probe_triage_minifies_an_operator_with_a_wrong_output(zoo_dir, tmp_path
     [row] = query(out)
     assert row["status"] == "FAIL_ACCURACY" and row["repro_verified"] is True, row["triage_reason"]
     calls = _graph_calls(row["repro_py"])
-    assert any("silu" in call for call in calls) and len(calls) <= 3, calls
+    assert any("silu" in call for call in calls) and len(calls) <= 3, (row["triage_reason"], calls)
     assert "accuracy=True" in row["repro_py"]  # torch's accuracy repro: compiled vs eager against float64
     alone = _run_repro(row["repro_py"], tmp_path / "alone")
     assert alone.returncode != 0 and "AccuracyError" in alone.stderr
