@@ -129,7 +129,7 @@ def triage_row(row: dict, budget_s: float, after: str = "dynamo", env: dict | No
         rerun, minify, verify, debug = (scratch / name for name in ("rerun", "minify", "verify", "debug"))
         for folder in (rerun, minify, verify, debug):
             folder.mkdir()
-        (rerun / "run.py").write_text(row["run_py"])
+        (rerun / "run.py").write_text(_with_cache_room(row["run_py"]))
         # 1. the failure again, with the minifier's dump switched on
         code, timed_out, stderr = _child(
             [sys.executable, "-m", "assay.compat.triage_worker", "rerun", "run.py", str(debug), after, str(REPRO_LEVEL[status])],
@@ -197,6 +197,18 @@ def _plugin_imports(plugins: list[str]) -> str:
         return ""
     lines = "".join(f"import {name}\n" for name in plugins)
     return f"# The backend under test registers itself on import (ASSAY_PLUGINS when this was triaged):\n{lines}"
+
+
+RERUN_MIN_TOKENS = 8
+
+
+def _with_cache_room(run_py: str) -> str:
+    """run.py generating at least RERUN_MIN_TOKENS tokens. The static cache holds exactly prompt + new
+    tokens, and the minifier runs the dumped decode graph again and again, each run writing one more
+    cache slot: with a row of 2 new tokens the graph soon writes past the cache's end, every candidate
+    fails with that IndexError instead of the row's failure, and nothing gets smaller. The decode graph
+    itself does not depend on the number of tokens."""
+    return re.sub(r"^NEW_TOKENS = (\d+)$", lambda m: f"NEW_TOKENS = {max(int(m.group(1)), RERUN_MIN_TOKENS)}", run_py, flags=re.M)
 
 
 def _inference_only(script: str) -> str:
