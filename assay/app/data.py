@@ -42,13 +42,13 @@ MODEL_COLUMNS = [
     "stack", "tested as", "dtype", "result", "reason", "devices", "load s", "compile s", "decode tok/s", "total s", "peak MB",
 ]
 DIFF_COLUMNS = ["change", "model", "dtype", "base", "new", "base reason", "new reason"]
-GROUP_COLUMNS = ["count", "signature", "statuses", "models", "stacks"]
+GROUP_COLUMNS = ["count", "signature", "statuses", "models", "stacks", "graph breaks and recompiles"]
 PASS_RATE_COLUMNS = ["stack", "passed", "failed", "skipped", "tested", "pass rate"]
 
 _INDEX_SQL = """
 SELECT model, stands_in_for, task, architecture, status, reason, device, device_name, backend, dtype, num_devices,
        parallelism, stack_id, stack_label, versions, load_s, compile_s, decode_tokens_per_s, total_s,
-       peak_memory_bytes, memory_kind,
+       peak_memory_bytes, memory_kind, logit_max_rel_max, logit_cosine_min, compile_reasons, repro_verified,
        CASE WHEN status IN ({failures}) THEN coalesce(error, reason, status) END AS failure_text
 FROM results
 """
@@ -418,6 +418,8 @@ class ResultDetail:
     run_py: str
     command: str
     facts: pd.DataFrame  # two columns: what, value (timings, memory, devices)
+    repro_py: str = ""  # `assay triage`'s minified repro ("" when the row was not triaged)
+    repro_note: str = ""  # its size, whether it reproduces alone, what triage did
 
 
 @dataclass(frozen=True)
@@ -490,6 +492,9 @@ def result_detail(row: dict) -> ResultDetail:
         ("backend", _text(row.get("backend"))),
         ("graphs / breaks / recompiles", compile_counts),
         ("check", _text(row.get("check"))),
+        ("logit drift: max abs / max rel / min cosine", _drift_fact(row)),
+        ("logit reference dtype", _text(row.get("logit_reference_dtype"))),
+        ("graph breaks and recompiles (dynamo's reasons)", "; ".join(row.get("compile_reasons") or [])),
         ("new tokens", _text(row.get("new_tokens"))),
         ("started at", _text(row.get("started_at"))),
         ("assay version", _text(row.get("assay_version"))),
@@ -501,7 +506,33 @@ def result_detail(row: dict) -> ResultDetail:
         stack_label=_text(row.get("stack_label")) or _text(row.get("stack_id")),
         versions=versions, run_py=_text(row.get("run_py")), command=_text(row.get("command")),
         facts=pd.DataFrame(facts, columns=["what", "value"], dtype=object),
+        repro_py=_text(row.get("repro_py")), repro_note=repro_note(row),
     )
+
+
+def _drift_fact(row: dict) -> str:
+    if row.get("logit_max_rel_max") is None:
+        return ""
+    steps = len(row.get("logit_max_rel") or [])
+    return (f"{_number(row.get('logit_max_abs_max'))} / {_number(row.get('logit_max_rel_max'))} / "
+            f"{row['logit_cosine_min']:.9f} over {steps} step{'s' if steps != 1 else ''}")
+
+
+def repro_note(row: dict) -> str:
+    """One line about the row's minified repro: size, verified or not, what triage said."""
+    if row.get("repro_py"):
+        verified = {True: "reproduces the failure on its own", False: "did NOT reproduce the failure on its own",
+                    None: "not verified"}[row.get("repro_verified")]
+        return f"{row.get('repro_lines')} lines, minified after {row.get('repro_after')}; {verified}. {_text(row.get('triage_reason'))}"
+    if row.get("triage_reason"):
+        return f"no repro: {row['triage_reason']}"
+    if row.get("status") in ("FAIL_COMPILE", "FAIL_ACCURACY", "CRASH"):
+        return f"not triaged: assay triage RESULTS --model {row['model']} --stack {row['stack_id']}"
+    return ""
+
+
+def repro_py_filename(row: dict) -> str:
+    return "repro" + run_py_filename(row).removeprefix("run")
 
 
 def run_py_filename(row: dict) -> str:
@@ -551,10 +582,24 @@ def failure_groups(snapshot: Snapshot, filters: Filters, shown_models: int = 12)
         members[signature] = models
         more = f" … and {len(models) - shown_models} more" if len(models) > shown_models else ""
         records.append([len(group), signature, ", ".join(sorted(set(group["status"]))), ", ".join(models[:shown_models]) + more,
-                        ", ".join(sorted(set(group["stack_id"])))])
+                        ", ".join(sorted(set(group["stack_id"]))), group_reasons(group["compile_reasons"])])
     records.sort(key=lambda r: (-r[0], r[1]))
     table = pd.DataFrame([[str(r[0]), *r[1:]] for r in records], columns=GROUP_COLUMNS, dtype=object)
     return FailureGroups(table, members)
+
+
+def group_reasons(reasons: pd.Series, shown: int = 4) -> str:
+    """The dynamo graph-break and recompile reasons of a failure group's rows, most frequent first: rows
+    that failed alike for the same dynamo reason are one problem; the same error with different
+    reasons may be several."""
+    counts: dict[str, int] = {}
+    for row_reasons in reasons:
+        listed = row_reasons is not None and not isinstance(row_reasons, (float, type(pd.NA)))  # null: no reasons recorded
+        for reason in (row_reasons if listed else []):
+            counts[str(reason)] = counts.get(str(reason), 0) + 1
+    ranked = sorted(counts, key=lambda r: (-counts[r], r))
+    more = f" … and {len(ranked) - shown} more" if len(ranked) > shown else ""
+    return "; ".join(f"{r} ({counts[r]})" if counts[r] > 1 else r for r in ranked[:shown]) + more
 
 
 def pass_rates(snapshot: Snapshot) -> pd.DataFrame:
@@ -577,6 +622,23 @@ def per_model_costs(snapshot: Snapshot, stack: str, top: int = 25) -> pd.DataFra
     label = chosen["model"] + [f" ({d})" if d and d != "float32" else "" for d in chosen["dtype"].fillna("")]
     return pd.DataFrame({"model": label.to_numpy(), "compile_s": chosen["compile_s"].to_numpy(dtype=float),
                          "peak_mb": (chosen["peak_memory_bytes"].astype(float) / 2**20).to_numpy()})
+
+
+def per_model_drift(snapshot: Snapshot, stack: str, top: int = 25) -> pd.DataFrame:
+    """Per model on one stack, the worst relative logit difference (logit_max_rel_max) and lowest cosine
+    similarity against the reference; the `top` largest drifts first. Rows without drift are left out."""
+    rows = snapshot.rows
+    chosen = rows[(rows["stack_id"] == stack) & rows["logit_max_rel_max"].notna()] if stack and stack != ANY else rows.iloc[0:0]
+    chosen = chosen.sort_values("logit_max_rel_max", ascending=False).head(top)
+    label = [f"{m} ({d})" if d and d != "float32" else str(m) for m, d in zip(chosen["model"], chosen["dtype"].fillna(""))]
+    return pd.DataFrame({"model": label, "max_rel": chosen["logit_max_rel_max"].to_numpy(dtype=float),
+                         "cosine_min": chosen["logit_cosine_min"].to_numpy(dtype=float), "status": chosen["status"].to_numpy()})
+
+
+def model_drift(results: list[dict]) -> dict[str, list[float]]:
+    """A model's per-step relative logit difference on each stack it has drift on: label -> one value per step."""
+    return {_result_key_label(row): [float(v) for v in row["logit_max_rel"]] for row in results
+            if row.get("logit_max_rel") is not None and len(row["logit_max_rel"])}
 
 
 def status_summary() -> dict[str, str]:

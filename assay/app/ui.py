@@ -31,8 +31,9 @@ from assay.app import charts  # noqa: E402
 from assay.app.catalog import Catalog  # noqa: E402
 from assay.app.data import (  # noqa: E402
     ANY, DIFF_COLUMNS, GROUP_COLUMNS, LIST_COLUMNS, MODEL_COLUMNS, SELECTED, STATUS_COLOURS, VIEWS, Filters, ResultsSource,
-    compare_stacks, failure_groups, filter_choices, list_view, model_names, model_page, per_model_costs, pass_rates,
-    result_detail, run_py_filename, status_style, status_summary, view_from_query, view_query,
+    compare_stacks, failure_groups, filter_choices, list_view, model_drift, model_names, model_page, per_model_costs,
+    per_model_drift, pass_rates, repro_py_filename, result_detail, run_py_filename, status_style, status_summary, view_from_query,
+    view_query,
 )
 from assay.core.errors import AssayError  # noqa: E402
 from assay.core.files import atomic_write_text  # noqa: E402
@@ -169,19 +170,26 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
         row = rows.get(label) if label in rows else (page.results[0] if page.results else None)
         if row is None:
             return ("not tested on any stack", "", "", "", "", gr.Dataframe(value=None), "", "",
-                    gr.DownloadButton(value=None, interactive=False), _link(view_query(model=page.key), "link to this page", "model-link-a"))
+                    gr.DownloadButton(value=None, interactive=False), _link(view_query(model=page.key), "link to this page", "model-link-a"),
+                    "", "", gr.DownloadButton(value=None, interactive=False), None)
         detail = result_detail(row)
         path = downloads / run_py_filename(row)
         atomic_write_text(path, detail.run_py)
+        repro_button = gr.DownloadButton(value=None, interactive=False)
+        if detail.repro_py:
+            repro_path = downloads / repro_py_filename(row)
+            atomic_write_text(repro_path, detail.repro_py)
+            repro_button = gr.DownloadButton(value=str(repro_path), interactive=True)
         result_line = detail.result + (f": {detail.reason}" if detail.reason else "")
         link = _link(view_query(model=page.key, filters=Filters(stack=row["stack_id"])), "link to this page", "model-link-a")
         return (result_line, detail.error_line, detail.error, detail.stack_label, detail.command, detail.facts,
-                detail.versions, detail.run_py, gr.DownloadButton(value=str(path), interactive=bool(detail.run_py)), link)
+                detail.versions, detail.run_py, gr.DownloadButton(value=str(path), interactive=bool(detail.run_py)), link,
+                detail.repro_note, detail.repro_py, repro_button, charts.model_drift_figure(model_drift(page.results), page.key))
 
     def open_model(key, preferred=None, stack=None):
         if not key:
             return ["", gr.Dataframe(value=None), gr.Dropdown(choices=[], value=None), "", "", "", "", "", gr.Dataframe(value=None),
-                    "", "", gr.DownloadButton(value=None, interactive=False), ""]
+                    "", "", gr.DownloadButton(value=None, interactive=False), "", "", "", gr.DownloadButton(value=None, interactive=False), None]
         page = model_page(source.snapshot(), catalog, key)
         if stack and preferred is None:  # a link's stack: the first result recorded on it
             preferred = next((label for label, row in zip(page.labels, page.results) if row["stack_id"] == stack), None)
@@ -226,7 +234,8 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
 
     def stack_charts(stack):
         costs = per_model_costs(source.snapshot(), stack)
-        return charts.compile_time_figure(costs, stack), charts.peak_memory_figure(costs, stack)
+        return (charts.compile_time_figure(costs, stack), charts.peak_memory_figure(costs, stack),
+                charts.drift_per_model_figure(per_model_drift(source.snapshot(), stack), stack))
 
     def all_charts(stack):
         return (charts.pass_rate_figure(pass_rates(source.snapshot())), *stack_charts(stack))
@@ -283,6 +292,10 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                             versions = gr.Code(language="json", label="versions", interactive=False, elem_id="versions")
                 run_py = gr.Code(language="python", label="run.py", interactive=False, buttons=["copy", "download"], elem_id="run-py")
                 download = gr.DownloadButton("Download run.py", interactive=False, elem_id="download-run-py")
+                model_drift_plot = gr.Plot(label="logit drift per step, per stack", format="png", elem_id="model-drift")
+                repro_note = gr.Textbox(label="minified repro (assay triage; docs/triage.md)", interactive=False, elem_id="repro-note")
+                repro_code = gr.Code(language="python", label="repro.py", interactive=False, buttons=["copy", "download"], elem_id="repro-py")
+                download_repro = gr.DownloadButton("Download repro.py", interactive=False, elem_id="download-repro-py")
             with gr.Tab("Compare stacks", id="compare"):
                 with gr.Row():
                     base = gr.Dropdown(stacks, value=stacks[0] if len(stacks) > 1 else None, label="base stack", elem_id="base")
@@ -304,8 +317,10 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                 with gr.Row():
                     compile_plot = gr.Plot(label="compile time per model", format="png")
                     memory_plot = gr.Plot(label="peak memory per model", format="png")
+                drift_plot = gr.Plot(label="logit drift per model", format="png", elem_id="drift-plot")
 
-        detail_components = [result_line, error_line, error_full, stack_label, command, facts, versions, run_py, download, model_link]
+        detail_components = [result_line, error_line, error_full, stack_label, command, facts, versions, run_py, download, model_link,
+                             repro_note, repro_code, download_repro, model_drift_plot]
         model_components = [about, per_stack, result_choice, *detail_components]
         events = dict(api_visibility=PRIVATE, trigger_mode="always_last", show_progress="hidden")
         # One listener for every control: its runs queue one after another and the last one wins. A listener
@@ -317,8 +332,8 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
         gr.on([compare_button.click, base.input, new.input], compare, [base, new], [summary, diff_table], **events)
         gr.on([group_stack.change, group_search.change], groups, [group_stack, group_search], [group_table], **events)
         group_table.select(group_members, [group_stack, group_search], [members], api_visibility=PRIVATE)
-        chart_stack.change(stack_charts, [chart_stack], [compile_plot, memory_plot], **events)
+        chart_stack.change(stack_charts, [chart_stack], [compile_plot, memory_plot, drift_plot], **events)
         demo.load(load_view, None, [*controls.inputs(), base, new, group_stack, chart_stack, model_choice, tabs, *model_components,
                                     link_note], api_visibility=PRIVATE)
-        demo.load(all_charts, [chart_stack], [pass_plot, compile_plot, memory_plot], api_visibility=PRIVATE)
+        demo.load(all_charts, [chart_stack], [pass_plot, compile_plot, memory_plot, drift_plot], api_visibility=PRIVATE)
     return demo

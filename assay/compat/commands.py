@@ -38,6 +38,10 @@ def reference_cache_setting(folder: Optional[Path], disabled: bool) -> Optional[
     return str(folder.expanduser().resolve())
 
 
+def reference_dtype_option():
+    return typer.Option(None, "--reference-dtype", help="the CPU eager reference's dtype: the probe's (default) or float64, for the logit drift columns")
+
+
 def _gib(value: Optional[float]) -> Optional[int]:
     return int(value * 2**30) if value is not None else None
 
@@ -64,6 +68,9 @@ def probe_command(
     strict: bool = typer.Option(False, help="exit 1 unless the status is PASS or SKIPPED"),
     reference_cache: Optional[Path] = reference_cache_option(),
     no_reference_cache: bool = no_reference_cache_option(),
+    reference_dtype: Optional[str] = reference_dtype_option(),
+    triage: bool = typer.Option(False, "--triage", help="on FAIL_COMPILE, FAIL_ACCURACY or CRASH: minify the failure into repro_py (assay triage)"),
+    triage_budget: float = typer.Option(600.0, "--triage-budget", help="seconds for --triage in all"),
     json_out: bool = json_option(),
 ):
     """Load, generate with a static cache under torch.compile, compare with CPU eager, record the row."""
@@ -72,14 +79,22 @@ def probe_command(
     at_least("--devices", devices, 1)
     positive("--timeout", timeout)
     positive("--memory-limit-gb", memory_limit_gb)
+    positive("--triage-budget", triage_budget)
     quiet_libraries()
     from assay.compat.probe import ProbeRequest, probe_and_record
     from assay.core.output import STATUS_STYLES, print_json, print_table
 
     limit = _gib(memory_limit_gb)
     request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism,
-                           reference_cache=reference_cache_setting(reference_cache, no_reference_cache))
+                           reference_cache=reference_cache_setting(reference_cache, no_reference_cache), reference_dtype=reference_dtype)
     row = probe_and_record(request, out, timeout=timeout, memory_limit_bytes=limit)
+    from assay.compat.triage import TRIAGED, triage_row
+
+    if triage and row["status"] in TRIAGED:
+        from assay.compat.dataset import write_row
+
+        row.update(triage_row(row, triage_budget).row_columns())
+        write_row(out, row)
     if json_out:
         print_json({k: v for k, v in row.items() if k not in ("run_py", "versions")})
     else:
@@ -138,8 +153,9 @@ def diff_command(
         print_json(result.as_dict())
         return
     rows = [c.__dict__ for c in result.changes]
-    print_table(rows, ["model", "dtype", "kind", "base_status", "new_status", "new_reason"], title=f"{result.base} -> {result.new}",
-                styles={"kind": {"regressed": "red", "failure_changed": "yellow", "fixed": "green"}})
+    print_table(rows, ["model", "dtype", "kind", "base_status", "new_status", "base_drift", "new_drift", "new_reason"], title=f"{result.base} -> {result.new}",
+                styles={"kind": {"regressed": "red", "failure_changed": "yellow", "drift_regressed": "yellow", "fixed": "green"}},
+                headers={"base_drift": "base logit rel", "new_drift": "new logit rel"})
     fmt = lambda r: "-" if r is None else f"{100 * r:.0f}%"  # noqa: E731
     counts = ", ".join(f"{k} {v}" for k, v in result.counts().items() if v)
     typer.echo(f"pass rate over {result.models_on_both} models tested on both: {fmt(result.base_pass_rate)} -> {fmt(result.new_pass_rate)}; {counts}")
@@ -170,6 +186,7 @@ def sweep_command(
     strict: bool = typer.Option(False, help="exit 1 if any probe failed"),
     reference_cache: Optional[Path] = reference_cache_option(),
     no_reference_cache: bool = no_reference_cache_option(),
+    reference_dtype: Optional[str] = reference_dtype_option(),
     json_out: bool = json_option(),
 ):
     """Probe many models, each in its own process: resumable, parallel, sharded across machines."""
@@ -184,7 +201,7 @@ def sweep_command(
     chosen = shard_models(collect_models(models or [], str(zoo) if zoo else None, str(list_file) if list_file else None), parse_shard(shard))
     request = SweepRequest(
         models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens, judge=judge, reference=not no_reference,
-                             reference_cache=reference_cache_setting(reference_cache, no_reference_cache)),
+                             reference_cache=reference_cache_setting(reference_cache, no_reference_cache), reference_dtype=reference_dtype),
         workers=workers, timeout=timeout, memory_limit_bytes=_gib(memory_limit_gb),
         force=force, executor=executor, cache_dir=cache_dir, max_devices=max_devices, devices=devices,
         device_memory_bytes=_gib(device_memory_gb), progress=not json_out,
@@ -227,9 +244,36 @@ def merge_command(
         print_table([{"stack_id": k, "rows": v} for k, v in sorted(per_stack.items())], ["stack_id", "rows"], title=f"merged into {out}")
 
 
+def triage_command(
+    results: Path = typer.Argument(..., help="results folder"),
+    model: str = typer.Option(..., help="the row's model (or an unambiguous part of it)"),
+    stack: Optional[str] = typer.Option(None, help="stack_id (or an unambiguous part): needed when the model has rows on several stacks"),
+    dtype: Optional[str] = typer.Option(None, help="the row's dtype, when it has rows in several"),
+    budget: float = typer.Option(600.0, help="seconds for the rerun, the minifier and the check, in all"),
+    after: str = typer.Option("dynamo", help="where torch's minifier cuts: dynamo (the FX graph dynamo captured) or aot (the ATen graph)"),
+    json_out: bool = json_option(),
+):
+    """Minify a FAIL_COMPILE, FAIL_ACCURACY or CRASH row with torch's minifier; store and verify the repro."""
+    positive("--budget", budget)
+    quiet_libraries()
+    from assay.compat.triage import TriageRequest, check_triage_options, triage as triage_results
+    from assay.core.output import print_json, print_table
+
+    check_triage_options(budget, after)
+    row = triage_results(TriageRequest(str(results), model, stack, dtype, budget, after))
+    shown = {k: row[k] for k in ("model", "stack_id", "status", "repro_lines", "repro_verified", "repro_after", "triage_s", "triage_reason")}
+    if json_out:
+        print_json(shown | {"repro_py": row["repro_py"]})
+        return
+    print_table([shown], list(shown), title=f"triage of {row['model']} on {row['stack_id']}")
+    if row["repro_py"]:
+        typer.echo(f"the repro: assay results {results} --model {row['model']} --json | jq -r '.[0].repro_py' > repro.py")
+
+
 def register(app: typer.Typer) -> None:
     app.command("probe")(probe_command)
     app.command("results")(results_command)
     app.command("diff")(diff_command)
     app.command("sweep")(sweep_command)
     app.command("merge")(merge_command)
+    app.command("triage")(triage_command)

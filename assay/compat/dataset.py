@@ -213,12 +213,25 @@ def connect(folder: str | Path):
     files = [str(p) for p in stack_files(folder)]
     if files:
         file_list = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-        connection.execute(f"CREATE VIEW results AS SELECT * FROM read_parquet([{file_list}], union_by_name=true)")
+        connection.execute(f"CREATE VIEW stack_files AS SELECT * FROM read_parquet([{file_list}], union_by_name=true)")
+        # Older files lack the newer columns (schema 4's drift and repro): each reads as a typed null,
+        # so every reader sees the current schema whatever version the files were written in.
+        present = {name for name, *_ in connection.execute("DESCRIBE stack_files").fetchall()}
+        selected = [f'"{f.name}"' if f.name in present else f'CAST(NULL AS {_duckdb_type(f.type)}) AS "{f.name}"' for f in SCHEMA]
+        extra = [f'"{name}"' for name in sorted(present - set(COLUMNS))]
+        connection.execute(f"CREATE VIEW results AS SELECT {', '.join(selected + extra)} FROM stack_files")
     else:
         # An empty results folder is valid: the view exists with the schema and no rows.
         connection.register("_empty", pa.Table.from_pylist([], schema=SCHEMA))
         connection.execute("CREATE VIEW results AS SELECT * FROM _empty")
     return connection
+
+
+def _duckdb_type(arrow_type: pa.DataType) -> str:
+    if pa.types.is_list(arrow_type):
+        return _duckdb_type(arrow_type.value_type) + "[]"
+    names = {pa.string(): "VARCHAR", pa.float64(): "DOUBLE", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN"}
+    return names[arrow_type]
 
 
 def query(

@@ -1,8 +1,10 @@
 """`assay diff`: per model, how its status changed between two stacks.
 
 Kinds: regressed (PASS -> failure), fixed (failure -> PASS), failure_changed (one failure type to
-another), both_fail, both_pass, only_base / only_new (tested on one stack only), and skipped when
-either side is a deliberate SKIPPED (never counted as a failure).
+another), drift_regressed (PASS on both, but the logit drift grew past DRIFT_FACTOR: an accuracy
+regression that has not flipped a token yet, docs/triage.md), both_fail, both_pass, only_base /
+only_new (tested on one stack only), and skipped when either side is a deliberate SKIPPED (never
+counted as a failure).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from assay.compat.schema import FAILURES
 from assay.core.errors import AssayError
 
 # The order a reader wants: what broke first.
-KIND_ORDER = ("regressed", "failure_changed", "fixed", "both_fail", "only_base", "only_new", "skipped", "both_pass")
+KIND_ORDER = ("regressed", "failure_changed", "drift_regressed", "fixed", "both_fail", "only_base", "only_new", "skipped", "both_pass")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,8 @@ class ModelChange:
     new_status: str | None
     base_reason: str | None
     new_reason: str | None
+    base_drift: float | None = None  # logit_max_rel_max: the worst relative logit difference over compared steps
+    new_drift: float | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,19 @@ class StackDiff:
         return asdict(self) | {"counts": self.counts()}
 
 
+# A drift regression: the new stack's worst relative logit difference is this many times the base's,
+# and above DRIFT_FLOOR. Below the floor both are float32 round-off (a reordered sum moves logits by
+# ~1e-7 of their scale), whose ratio says nothing.
+DRIFT_FACTOR = 10.0
+DRIFT_FLOOR = 1e-5
+
+
+def drift_regressed(base_drift: float | None, new_drift: float | None) -> bool:
+    if new_drift is None or base_drift is None:
+        return False
+    return new_drift > DRIFT_FLOOR and new_drift > DRIFT_FACTOR * base_drift
+
+
 def _kind(base: dict | None, new: dict | None) -> str:
     if base is None:
         return "only_new"
@@ -53,7 +70,7 @@ def _kind(base: dict | None, new: dict | None) -> str:
     if "SKIPPED" in (b, n):
         return "skipped"
     if b == "PASS" and n == "PASS":
-        return "both_pass"
+        return "drift_regressed" if drift_regressed(base.get("logit_max_rel_max"), new.get("logit_max_rel_max")) else "both_pass"
     if b == "PASS":
         return "regressed"
     if n == "PASS":
@@ -73,7 +90,7 @@ def resolve_stack(folder, name: str, stacks: list[str]) -> str:
 
 
 def diff_stacks(folder, base: str, new: str) -> StackDiff:
-    rows = query(folder, columns=["model", "dtype", "stack_id", "status", "reason"])
+    rows = query(folder, columns=["model", "dtype", "stack_id", "status", "reason", "logit_max_rel_max"])
     stacks = sorted({r["stack_id"] for r in rows})
     base_id, new_id = resolve_stack(folder, base, stacks), resolve_stack(folder, new, stacks)
     if base_id == new_id:
@@ -88,6 +105,7 @@ def diff_stacks(folder, base: str, new: str) -> StackDiff:
                 model=key[0], dtype=key[1], kind=_kind(b, n),
                 base_status=b and b["status"], new_status=n and n["status"],
                 base_reason=b and b["reason"], new_reason=n and n["reason"],
+                base_drift=b and b["logit_max_rel_max"], new_drift=n and n["logit_max_rel_max"],
             )
         )
     changes.sort(key=lambda c: (KIND_ORDER.index(c.kind), c.model))

@@ -79,11 +79,11 @@ def run_isolated(
     return row
 
 
-def _run_fresh(argv: list[str], env: dict, stderr_file: Path, memory_limit_bytes: int | None, timeout: float | None) -> tuple[int, bool]:
-    """A freshly started interpreter: (returncode, timed_out)."""
+def _run_fresh(argv: list[str], env: dict, stderr_file: Path, memory_limit_bytes: int | None, timeout: float | None, cwd: Path | None = None) -> tuple[int, bool]:
+    """A freshly started interpreter: (returncode, timed_out). cwd: its working folder (default: ours)."""
     with open(stderr_file, "wb") as stderr:
         process = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True,
+            argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True, cwd=cwd,
             preexec_fn=_child_setup(memory_limit_bytes),
         )
         try:

@@ -18,6 +18,7 @@ import torch
 from assay import __version__
 from assay.compat import recipe
 from assay.compat.request import DTYPES, OOM_MESSAGES, ModelRef, ProbePlan, ProbeRequest, classify_exception, one_line  # noqa: F401  (public here too)
+from assay.compat.reasons import combine, recompile_reasons
 from assay.compat.runpy import render_run_py
 from assay.compat.schema import IMAGE_TASKS, SCHEMA_VERSION, TEXT_TASKS, empty_row
 from assay.core import compiling
@@ -85,6 +86,8 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
         raise AssayError(f"unknown dtype {request.dtype!r} (choose from {', '.join(DTYPES)})")
     if request.new_tokens < 1:
         raise AssayError("--new-tokens must be at least 1")
+    if request.reference_dtype not in (None, request.dtype, "float64"):
+        raise AssayError(f"--reference-dtype {request.reference_dtype!r}: the reference runs in the probe's dtype or in float64")
     device = resolve_device(request.device)
     backend = resolve_backend(request.backend)
     ref = resolve_model(request.model)
@@ -215,27 +218,27 @@ def execute(plan: ProbePlan) -> dict:
         config = recipe.compile_config(counting_backend(backend, stats))
         dynamo_before = _dynamo_seconds()
         try:
-            with watch(stats):
+            with watch(stats), recompile_reasons() as recompiles:
                 compile_start = time.perf_counter()
-                tokens, _ = recipe.generate(model, inputs, request.new_tokens, config)
+                tokens, _, logits = recipe.generate_logits(model, inputs, request.new_tokens, config, output_scores=False)
                 row["compile_s"] = time.perf_counter() - compile_start
         except Exception as exc:
-            _record_compile_stats(row, stats)
+            _record_compile_stats(row, stats, recompiles)
             return finish(classify_exception(exc, "compile"), one_line(exc), traceback.format_exc())
         _record_compile_phases(row, dynamo_before)
         try:
-            with watch(stats):
+            with watch(stats), recompile_reasons() as more_recompiles:
                 decode_start = time.perf_counter()
                 recipe.generate(model, inputs, request.new_tokens, config)
                 row["generate_s"] = time.perf_counter() - decode_start
                 row["decode_tokens_per_s"] = request.new_tokens / row["generate_s"]
         except Exception as exc:
-            _record_compile_stats(row, stats)
+            _record_compile_stats(row, stats, recompiles + more_recompiles)
             return finish(classify_exception(exc, "run"), one_line(exc), traceback.format_exc())
     row["peak_memory_bytes"] = meter.peak_bytes
     row["memory_kind"] = meter.kind
     row["generated_tokens"] = tokens
-    _record_compile_stats(row, stats)
+    _record_compile_stats(row, stats, recompiles + more_recompiles)
     if stats.graphs == 0:
         # Nothing reached the backend: dynamo ran everything eager (skipped frames, recompile limit).
         # Equal tokens would then say nothing about the compiler.
@@ -249,16 +252,35 @@ def execute(plan: ProbePlan) -> dict:
     except Exception as exc:
         return finish(classify_exception(exc, "run"), f"CPU eager reference failed: {one_line(exc)}", traceback.format_exc())
     status, reason = compare_with_reference(row, tokens, reference)
+    record_drift(row, plan, tokens, logits, reference)
     return finish(status, reason)
 
 
-def run_reference(plan: ProbePlan, row: dict, model=None, inputs=None) -> tuple[list[int], list[list[int]]]:
-    """The CPU eager reference: (tokens, top-5 token ids per step), from the reference cache or run here.
+def reference_dtype(request: ProbeRequest) -> str:
+    return request.reference_dtype or request.dtype
 
-    `model`/`inputs`: already loaded on the CPU. Fills the row's reference_s and reference_cache_hit
-    (None when no cache was consulted: disabled, or a Hub id that cannot be keyed by content).
+
+def record_drift(row: dict, plan: ProbePlan, tokens: list[int], logits, reference: tuple) -> None:
+    """The logit drift columns (drift.py): the compiled run's logits against the reference's."""
+    from assay.compat.drift import compared_steps, logit_drift
+
+    reference_logits = reference[2]
+    if logits is None or reference_logits is None:
+        return
+    steps = compared_steps(tokens, reference[0])
+    row.update(logit_drift(logits, reference_logits, steps).row_columns(reference_dtype(plan.request)))
+
+
+def run_reference(plan: ProbePlan, row: dict, model=None, inputs=None) -> tuple[list[int], list[list[int]], "torch.Tensor"]:
+    """The CPU eager reference: (tokens, top-5 token ids per step, logits [steps, vocab]), from the
+    reference cache or run here.
+
+    `model`/`inputs`: already loaded on the CPU in the probe's dtype (used unless the reference is
+    asked in float64). Fills the row's reference_s and reference_cache_hit (None when no cache was
+    consulted: disabled, or a Hub id that cannot be keyed by content).
     """
     start = time.perf_counter()
+    dtype = reference_dtype(plan.request)
     cache, key = None, None
     if plan.request.reference_cache is not None:
         from assay.compat.reference_cache import ReferenceCache, default_root, reference_key
@@ -267,23 +289,27 @@ def run_reference(plan: ProbePlan, row: dict, model=None, inputs=None) -> tuple[
         key = reference_key(plan)
     if key is not None:
         cached = cache.load(key, plan.request.new_tokens)
-        row["reference_cache_hit"] = cached is not None
-        if cached is not None:
+        cached_logits = cache.load_logits(key, plan.request.new_tokens) if cached is not None else None
+        # An entry from before logits were kept is a miss: the rerun stores them, and the row gets its drift.
+        row["reference_cache_hit"] = cached_logits is not None
+        if cached_logits is not None:
             row["reference_s"] = time.perf_counter() - start
-            return cached
-    if model is None:
-        model = recipe.load_model(plan.ref.load_path, plan.task, "cpu", plan.request.dtype)
+            return (*cached, cached_logits)
+    if model is None or dtype != plan.request.dtype:
+        model = recipe.load_model(plan.ref.load_path, plan.task, "cpu", dtype)
         inputs = recipe.make_inputs(plan.ref.load_path, plan.task, "cpu")
-    tokens, top5 = recipe.generate(model, inputs, plan.request.new_tokens, None, output_scores=True)
+        inputs = {name: value.to(getattr(torch, dtype)) if value.is_floating_point() else value for name, value in inputs.items()}
+    tokens, top5, logits = recipe.generate_logits(model, inputs, plan.request.new_tokens, None)
     if key is not None:
         cache.store(key, tokens, top5, plan.ref.name)
+        cache.store_logits(key, logits)
     row["reference_s"] = time.perf_counter() - start
-    return tokens, top5
+    return tokens, top5, logits
 
 
 def compare_with_reference(row: dict, tokens: list[int], reference: tuple[list[int], list[list[int]]], what: str = "CPU eager") -> tuple[str, str]:
     """The one token comparison: fills the reference and mismatch columns, returns (status, reason)."""
-    reference_tokens, top5 = reference
+    reference_tokens, top5 = reference[0], reference[1]
     row["reference_tokens"] = reference_tokens
     mismatch = compare_tokens(tokens, reference_tokens, top5)
     if mismatch is None:
@@ -350,7 +376,8 @@ def _record_compile_phases(row: dict, before: tuple[float, float]) -> None:
     row["first_call_s"] = max(row["compile_s"] - total, 0.0)
 
 
-def _record_compile_stats(row: dict, stats: CompileStats) -> None:
+def _record_compile_stats(row: dict, stats: CompileStats, recompiles: list[str] = ()) -> None:
+    row["compile_reasons"] = combine(stats.break_reasons, list(recompiles))
     row["graphs"] = stats.graphs
     row["graph_breaks"] = stats.graph_breaks
     row["recompiles"] = stats.recompiles

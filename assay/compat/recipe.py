@@ -137,6 +137,16 @@ def generate(model, inputs, new_tokens, config=None, output_scores=False):
     model (cache_kind "fixed_state") Transformers' static cache holds only each layer's recurrent state,
     allocated once: no key/value cache and no maximum length.
     """
+    tokens, top5, _ = generate_logits(model, inputs, new_tokens, config, output_scores=output_scores, output_logits=False)
+    return tokens, top5
+
+
+def generate_logits(model, inputs, new_tokens, config=None, output_scores=True, output_logits=True):
+    """generate(), also returning each step's raw logits as one [steps, vocab] tensor (None unless asked).
+
+    Raw logits, not scores: the scores have been through the logits processors (min_new_tokens sets
+    the end-of-sequence logit to -inf), which would hide what the model computed.
+    """
     kwargs = dict(
         max_new_tokens=new_tokens,
         min_new_tokens=new_tokens,
@@ -144,6 +154,7 @@ def generate(model, inputs, new_tokens, config=None, output_scores=False):
         cache_implementation="static",
         return_dict_in_generate=True,
         output_scores=output_scores,
+        output_logits=output_logits,
     )
     if config is None:
         kwargs["disable_compile"] = True
@@ -157,4 +168,5 @@ def generate(model, inputs, new_tokens, config=None, output_scores=False):
     prompt_length = inputs["input_ids"].shape[1]
     tokens = output.sequences[0, prompt_length:].tolist()
     top5 = [step_scores[0].float().topk(5).indices.tolist() for step_scores in output.scores] if output_scores else None
-    return tokens, top5
+    logits = torch.stack([step_logits[0] for step_logits in output.logits]) if output_logits else None
+    return tokens, top5, logits

@@ -1,4 +1,4 @@
-"""The reference cache: the CPU eager reference run's tokens and top-5 ids, kept across sweeps.
+"""The reference cache: the CPU eager reference run's tokens, top-5 ids and raw logits, kept across sweeps.
 
 Why it can be cached: the reference is a CPU eager run of the checkpoint. It depends on the checkpoint,
 the prompt and generation settings (recipe.py), the dtype, the number of new tokens and the reference
@@ -15,7 +15,8 @@ The key (a SHA-256 over a JSON document, see `reference_key`):
 - recipe.py's source (the prompt, the synthetic image and the generate settings), task, dtype,
   new_tokens, and the torch and Transformers versions.
 
-Entries: <root>/<key[:2]>/<key>.json, written to a temporary name and renamed (atomic, so concurrent
+Entries: <root>/<key[:2]>/<key>.json, and the logits beside it in <key>.logits.pt (torch.save; schema 4's
+drift columns; an entry without them counts as a miss), written to a temporary name and renamed (atomic, so concurrent
 sweeps never see half an entry; the last writer of one key wins with equal content). On reading,
 an entry whose JSON does not parse, whose key or checksum does not match, or whose lengths are not
 what the request asks for is ignored (a miss), and the probe's fresh reference overwrites it.
@@ -78,6 +79,8 @@ def reference_key(plan: ProbePlan) -> str | None:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
+    if plan.request.reference_dtype not in (None, plan.request.dtype):  # only then: older keys stay valid
+        document["reference_dtype"] = plan.request.reference_dtype
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
 
 
@@ -106,6 +109,28 @@ class ReferenceCache:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return (tokens, top5) if whole else None
+
+    def logits_path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.logits.pt"
+
+    def load_logits(self, key: str, new_tokens: int):
+        """The reference's raw logits [new_tokens, vocab] (schema 4's drift), or None when absent or not whole."""
+        import torch
+
+        try:
+            logits = torch.load(self.logits_path(key), weights_only=True)
+        except Exception:  # noqa: BLE001  (missing, truncated or foreign: a miss, the probe rewrites it)
+            return None
+        return logits if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.shape[0] == new_tokens else None
+
+    def store_logits(self, key: str, logits) -> None:
+        import torch
+
+        from assay.core.files import atomic_path
+
+        self.logits_path(key).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self.logits_path(key)) as tmp:
+            torch.save(logits.detach().cpu().clone(), tmp)
 
     def store(self, key: str, tokens: list[int], top5: list[list[int]], model: str) -> None:
         entry = {"format": FORMAT, "key": key, "model": model, "tokens": tokens, "top5": top5, "checksum": _checksum(tokens, top5)}

@@ -53,6 +53,9 @@ class ProbeRequest:
     # Where CPU eager references are cached (reference_cache.py): "auto" = $XDG_CACHE_HOME/assay/references
     # (~/.cache/...) as the probe process sees it, a folder, or None for no cache.
     reference_cache: str | None = "auto"
+    # The reference run's dtype: None = the probe's own; "float64" as PyTorch's benchmark harness does,
+    # so the logit drift columns measure the device's error rather than two float32 runs' difference.
+    reference_dtype: str | None = None
 
 
 @dataclass

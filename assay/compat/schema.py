@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from assay.compat.request import FAILURES, STATUSES  # noqa: F401  (defined with the request; re-exported)
 
-SCHEMA_VERSION = 3  # 2: cache_kind and model_code; 3: reference cache and per-phase times (reference_cache_hit, reference_s, trace_s, ...)
+SCHEMA_VERSION = 4  # 2: cache_kind and model_code; 3: reference cache and per-phase times (reference_cache_hit, reference_s, trace_s, ...);
+# 4: failure triage (logit_* drift, compile_reasons, repro_*: docs/triage.md)
 
 SCHEMA = pa.schema(
     [
@@ -69,6 +70,22 @@ SCHEMA = pa.schema(
         pa.field("recompiles", pa.int32()),
         pa.field("compile_cache_hit", pa.bool_()),
         pa.field("reference_cache_hit", pa.bool_()),  # schema 2: reference from the reference cache; null: no cache consulted
+        # triage (schema 4, docs/triage.md). Logit drift vs the reference, per compared step (up to and
+        # including the first token mismatch) and its worst value; null where no logits were compared.
+        pa.field("logit_max_abs", pa.list_(pa.float64())),
+        pa.field("logit_max_rel", pa.list_(pa.float64())),  # max abs diff / max |reference logit|, per step
+        pa.field("logit_cosine", pa.list_(pa.float64())),
+        pa.field("logit_max_abs_max", pa.float64()),
+        pa.field("logit_max_rel_max", pa.float64()),
+        pa.field("logit_cosine_min", pa.float64()),
+        pa.field("logit_reference_dtype", pa.string()),  # the reference run's dtype: the row's, or float64
+        pa.field("compile_reasons", pa.list_(pa.string())),  # dynamo's graph-break and recompile reasons, deduplicated, short
+        pa.field("repro_py", pa.string()),  # `assay triage`: torch's minified repro script, standalone
+        pa.field("repro_lines", pa.int32()),
+        pa.field("repro_verified", pa.bool_()),  # running repro_py on its own reproduced the failure
+        pa.field("repro_after", pa.string()),  # the minifier's stage: "dynamo" or "aot"
+        pa.field("triage_reason", pa.string()),  # one line: what triage did, or why it has no repro
+        pa.field("triage_s", pa.float64()),
         # provenance
         pa.field("started_at", pa.string()),  # ISO 8601, UTC
         pa.field("host", pa.string()),

@@ -23,6 +23,11 @@ GPU = "cuda-inductor-torch2.14.0-tf5.25.0-cccc3333"
 XSS_MODEL = 'evil/<img src=y onerror="window.__xss=3"><b>bold</b>'
 XSS_ERROR = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
 XSS_RUN_PY = "# </textarea><script>window.__xss=4</script>\nprint('<b>hi</b>')\n"
+# A minified repro as `assay triage` stores it (schema 4), and dynamo's reasons for the failure.
+REPRO_PY = "import torch\nclass Repro(torch.nn.Module):\n    def forward(self, add):\n        rsqrt = torch.rsqrt(add)\n        return (rsqrt,)\n"
+SETATTR_BREAK = "break: Unsupported: setattr on a module attribute"
+TRIAGED = dict(repro_py=REPRO_PY, repro_lines=5, repro_verified=True, repro_after="dynamo", triage_s=42.0,
+               triage_reason="minified; 5 lines; alone it reproduces the failure")
 
 
 def versions(torch: str, transformers: str, triton: str = "3.9.0") -> str:
@@ -50,23 +55,32 @@ def mixed_rows() -> list[dict]:
     """Two CPU stacks and a GPU one: a regression, a fix, a skip, shared failure signatures, an XSS plant."""
     shape_error = "RuntimeError: shape '[1, {n}]' is invalid for input of size {m} at 0x7f{h}"
     return [
-        zoo("qwen3", "Qwen/Qwen3-0.6B", OLD, compile_s=5.5, peak_memory_bytes=512 * 2**20),
+        zoo("qwen3", "Qwen/Qwen3-0.6B", OLD, compile_s=5.5, peak_memory_bytes=512 * 2**20, **drift([0.0, 2e-7, 4e-7])),
         zoo("llama", "meta-llama/Llama-3.2-1B", OLD, compile_s=3.0),
         zoo("gpt2", "openai-community/gpt2", OLD, "SKIPPED", reason="low priority: deliberately not run"),
         zoo("mistral", "mistralai/Mistral-7B-v0.1", OLD, "FAIL_COMPILE", reason="Unsupported: call_function",
-            error=traceback_text("torch._dynamo.exc.Unsupported: call_function 'setattr' in /tmp/a/modeling_mistral.py line 12")),
+            error=traceback_text("torch._dynamo.exc.Unsupported: call_function 'setattr' in /tmp/a/modeling_mistral.py line 12"),
+            compile_reasons=[SETATTR_BREAK]),
         make_row("org/plain-model", stack=OLD, task="text-generation", versions=versions("2.13.0", "5.24.0"), compile_s=2.0),
         zoo("qwen3", "Qwen/Qwen3-0.6B", NEW, "FAIL_RUN", reason="shape invalid", error=traceback_text(shape_error.format(n=32, m=48, h="aa10"))),
         zoo("llama", "meta-llama/Llama-3.2-1B", NEW, "FAIL_RUN", reason="shape invalid",
             error=traceback_text(shape_error.format(n=64, m=96, h="bb20"), path="/opt/other/torch/x.py", line=7)),
         zoo("gpt2", "openai-community/gpt2", NEW),
         zoo("mistral", "mistralai/Mistral-7B-v0.1", NEW, "FAIL_COMPILE", reason="Unsupported: call_function",
-            error=traceback_text("torch._dynamo.exc.Unsupported: call_function 'getattr' in /tmp/b/modeling_mistral.py line 99")),
+            error=traceback_text("torch._dynamo.exc.Unsupported: call_function 'getattr' in /tmp/b/modeling_mistral.py line 99"),
+            compile_reasons=[SETATTR_BREAK, "recompile: tensor 'x' size mismatch at index 1. expected 8, actual 9"], **TRIAGED),
         make_row(XSS_MODEL, stack=NEW, status="FAIL_LOAD", task="text-generation", versions=versions("2.14.0", "5.25.0"),
                  reason='<img src=z onerror="window.__xss=5">', error=XSS_ERROR, run_py=XSS_RUN_PY, command="assay probe '<b>x</b>'"),
         zoo("qwen3", "Qwen/Qwen3-0.6B", GPU, device="cuda:0", device_name="NVIDIA H200", num_devices=2, parallelism="tensor",
-            versions=versions("2.14.0", "5.25.0", triton="3.10.0")),
+            versions=versions("2.14.0", "5.25.0", triton="3.10.0"), **drift([1e-3, 2e-2, 5e-2])),
     ]
+
+
+def drift(max_rel: list[float]) -> dict:
+    """Schema 4's logit drift columns for a row, from its per-step relative drift."""
+    return dict(logit_max_rel=max_rel, logit_max_abs=[10 * v for v in max_rel], logit_cosine=[1 - v for v in max_rel],
+                logit_max_rel_max=max(max_rel), logit_max_abs_max=10 * max(max_rel), logit_cosine_min=1 - max(max_rel),
+                logit_reference_dtype="float32")
 
 
 def recorded_catalog():

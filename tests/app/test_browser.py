@@ -5,7 +5,7 @@ Gradio's table cells are virtualised: rows are waited for as attached, not visib
 
 from __future__ import annotations
 
-from app.builders import GPU, NEW, OLD, XSS_ERROR, XSS_MODEL, XSS_RUN_PY
+from app.builders import GPU, NEW, OLD, REPRO_PY, XSS_ERROR, XSS_MODEL, XSS_RUN_PY
 
 TIMEOUT_MS = 20_000
 
@@ -192,3 +192,24 @@ def test_a_link_sets_the_listing_filters_and_names_what_it_could_not_use(served_
     assert page.locator("#search textarea, #search input").first.input_value() == "qwen"
     page.locator("#link-note").get_by_text("device").wait_for(timeout=TIMEOUT_MS)
     assert page.locator("#view-link-a").get_attribute("href") == "?view=All%20results&q=qwen&status=FAIL_RUN"
+
+
+def test_a_triaged_failure_shows_its_repro_with_copy_and_download_and_the_drift_is_charted(served_app, page):
+    page.goto(f"{served_app}?model=assay-zoo/mistral&stack={NEW}")
+    _wait_value(page, page.locator("#result-line textarea, #result-line input").first, "FAIL_COMPILE")
+    repro = page.locator("#repro-py")
+    repro.get_by_text("rsqrt = torch.rsqrt(add)").wait_for(timeout=TIMEOUT_MS)
+    note = page.locator("#repro-note textarea, #repro-note input").first
+    _wait_value(page, note, "5 lines")
+    assert "reproduces the failure on its own" in note.input_value()
+    assert repro.locator("button").count() >= 2  # the code view's copy and download buttons
+    with page.expect_download() as download:
+        page.locator("#download-repro-py").click()
+    assert download.value.suggested_filename == f"repro_assay-zoo_mistral_{NEW}_float32.py"
+    assert open(download.value.path(), encoding="utf-8").read() == REPRO_PY
+    # The model page charts its drift per step on each stack; the Charts tab per model on a stack.
+    page.goto(f"{served_app}?model=Qwen/Qwen3-0.6B&stack={GPU}")
+    _wait_value(page, page.locator("#result-line textarea, #result-line input").first, "PASS")
+    page.locator("#model-drift img").first.wait_for(state="attached", timeout=TIMEOUT_MS)
+    page.get_by_role("tab", name="Charts").click()
+    page.locator("#drift-plot img").first.wait_for(state="attached", timeout=TIMEOUT_MS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from app.builders import GPU, NEW, OLD, XSS_MODEL, recorded_catalog, versions
+from app.builders import GPU, NEW, OLD, REPRO_PY, SETATTR_BREAK, XSS_MODEL, recorded_catalog, versions
 from compat.test_dataset import make_row
 
 from assay.app import charts
@@ -13,7 +13,7 @@ from assay.app.catalog import zoo_catalog
 from assay.app.data import (
     ALL_RESULTS, ANY, ANY_FAILURE, DOWNLOADS, LIST_COLUMNS, NOT_TESTED, SELECTED, SKIPPED, TRENDING, VIEWS, Filters,
     ResultsSource, compare_stacks, failure_groups, filter_choices, list_view, load_snapshot, model_names, model_page,
-    pass_rates, per_model_costs, result_detail, run_py_filename,
+    model_drift, pass_rates, per_model_costs, per_model_drift, repro_py_filename, result_detail, run_py_filename,
 )
 from assay.compat.dataset import init_results, write_row, write_rows
 
@@ -236,3 +236,37 @@ def test_a_links_query_names_a_view_and_unknown_values_are_left_out(mixed_result
     back = view_from_query(dict(parse_qsl(query[1:])), choices, names + [XSS_MODEL])
     assert back == View(ALL_RESULTS, asked.filters, XSS_MODEL)
     assert view_query() == "?"
+
+
+def test_failure_groups_list_dynamos_reasons_with_their_counts(mixed_results):
+    groups = failure_groups(load_snapshot(mixed_results), Filters())
+    table = {row["signature"]: row for _, row in groups.table.iterrows()}
+    reasons = table["torch._dynamo.exc.Unsupported: call_function '…' in <path> line N"]["graph breaks and recompiles"]
+    assert reasons.startswith(f"{SETATTR_BREAK} (2); recompile: tensor 'x' size mismatch")  # most frequent first
+    assert table["RuntimeError: shape '…' is invalid for input of size N at <addr>"]["graph breaks and recompiles"] == ""
+
+
+def test_drift_per_model_on_a_stack_and_per_stack_for_a_model(mixed_results):
+    snapshot = load_snapshot(mixed_results)
+    on_gpu = per_model_drift(snapshot, GPU)
+    assert list(on_gpu["model"]) == ["assay-zoo/qwen3"] and on_gpu["max_rel"].iloc[0] == 5e-2
+    assert per_model_drift(snapshot, NEW).empty  # no row of that stack has drift
+    page = model_page(snapshot, zoo_catalog(), "Qwen/Qwen3-0.6B")
+    curves = model_drift(page.results)
+    assert sorted(label.split(" · ")[0] for label in curves) == sorted([GPU, OLD])
+    assert curves[f"{GPU} · assay-zoo/qwen3 · float32"] == [1e-3, 2e-2, 5e-2]
+    charts.model_drift_figure(curves, "Qwen/Qwen3-0.6B").savefig(mixed_results.parent / "drift.png")
+    charts.drift_per_model_figure(on_gpu, GPU).savefig(mixed_results.parent / "drift_stack.png")
+    assert (mixed_results.parent / "drift.png").stat().st_size > 5000
+
+
+def test_a_triaged_result_detail_has_its_repro_and_says_whether_it_reproduces(mixed_results):
+    page = model_page(load_snapshot(mixed_results), zoo_catalog(), "assay-zoo/mistral")
+    rows = {row["stack_id"]: row for row in page.results}
+    detail = result_detail(rows[NEW])
+    assert detail.repro_py == REPRO_PY and "5 lines" in detail.repro_note and "reproduces the failure on its own" in detail.repro_note
+    assert repro_py_filename(rows[NEW]) == f"repro_assay-zoo_mistral_{NEW}_float32.py"
+    untriaged = result_detail(rows[OLD])
+    assert untriaged.repro_py == "" and untriaged.repro_note.startswith("not triaged: assay triage RESULTS --model assay-zoo/mistral")
+    facts = dict(zip(detail.facts["what"], detail.facts["value"]))
+    assert SETATTR_BREAK in facts["graph breaks and recompiles (dynamo's reasons)"]

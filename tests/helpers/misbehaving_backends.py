@@ -78,3 +78,38 @@ def test_memory_hog(gm, example_inputs):
     hoard = []
     while True:  # a compiler that allocates until the process limit stops it
         hoard.append(bytearray(64 * 2**20))
+
+
+# Operator-level faults, for `assay triage` (docs/triage.md): the minifier must shrink a model's graph to
+# the one operator these break. Both see the ATen graph AOT autograd hands the forward compiler.
+aten = torch.ops.aten
+
+
+def _refuse(op):
+    def compiler(gm: torch.fx.GraphModule, example_inputs):
+        if any(node.target is op for node in gm.graph.nodes):
+            raise NotImplementedError(f"vendor compiler: no kernel for {op}")
+        return gm
+
+    return compiler
+
+
+def _scale_output(op, factor: float):
+    def compiler(gm: torch.fx.GraphModule, example_inputs):
+        for node in list(gm.graph.nodes):
+            if node.target is op:
+                with gm.graph.inserting_after(node):
+                    scaled = gm.graph.call_function(aten.mul.Tensor, (node, factor))
+                node.replace_all_uses_with(scaled, delete_user_cb=lambda user: user is not scaled)
+        gm.recompile()
+        return gm
+
+    return compiler
+
+
+# Fails on aten.rsqrt (every RMSNorm has one), compiles everything else.
+register_backend(name="test_no_rsqrt", compiler_fn=aot_autograd(fw_compiler=_refuse(aten.rsqrt.default)))
+# aten.silu's output off by a factor (the MLP activation of Llama-style models): tokens flip.
+register_backend(name="test_wrong_silu", compiler_fn=aot_autograd(fw_compiler=_scale_output(aten.silu.default, 3.0)))
+# The same fault, small: tokens still equal the reference's, only the logit drift shows it.
+register_backend(name="test_nudged_silu", compiler_fn=aot_autograd(fw_compiler=_scale_output(aten.silu.default, 1.01)))
