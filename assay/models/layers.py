@@ -340,6 +340,11 @@ class RotaryDecoder(KVCacheDecoder, NativeDecoder):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # tokens: [B, T] -> logits: [B, T, vocab]
+        return self.output(self.hidden_states(tokens))
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        # tokens: [B, T] -> the final normalised hidden states [B, T, dim], what the output head reads
+        # (the trainer's chunked loss multiplies them by the head's weight a chunk at a time).
         seq_len = tokens.shape[1]
         if seq_len > self.rope_cos.shape[0]:
             raise AssayError(f"a sequence of {seq_len} tokens exceeds the model's max_seq_len={self.rope_cos.shape[0]}")
@@ -347,7 +352,7 @@ class RotaryDecoder(KVCacheDecoder, NativeDecoder):
         h = self.tok_embeddings(tokens)
         for block in self.layers:
             h = block(h, cos, sin)
-        return self.output(self.norm(h))
+        return self.norm(h)
 
 
 # ---------------------------------------------------------------- counting
