@@ -229,7 +229,11 @@ class GroupedExperts(nn.Module):
     """n_experts SwiGLU MLPs stored stacked; each slice [e] is an nn.Linear weight (out, in).
 
     This implementation loops over the experts that received tokens: plain PyTorch, correct for any
-    routing, and the reference a grouped-GEMM kernel is checked against.
+    routing, and the reference a grouped-GEMM kernel is checked against. The (token, slot) pairs are
+    sorted by expert once (a stable sort: tokens keep their order within an expert) and the group sizes
+    read with one host sync, instead of a mask and a nonzero (a sync) per expert; each expert runs the
+    same F.linear calls on the same rows in the same order as a per-expert mask would give, and the one
+    index_add_ over the expert-major pairs adds each token's expert outputs in the same order.
     """
 
     def __init__(self, n_experts: int, dim: int, hidden_dim: int):
@@ -241,17 +245,23 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         # x: [N, dim]; top_k_index, top_k_weights: [N, top_k] -> [N, dim]
-        combined = torch.zeros_like(x)
-        # Which (token, slot) pairs chose each expert; one host sync to learn which experts are used.
-        expert_mask = F.one_hot(top_k_index, num_classes=self.n_experts).permute(2, 0, 1)  # [E, N, top_k]
-        used_experts = expert_mask.flatten(1).any(dim=1).nonzero().flatten().tolist()
-        for expert in used_experts:
-            token_index, slot = torch.where(expert_mask[expert])
-            tokens = x[token_index]
-            hidden = F.silu(F.linear(tokens, self.w1[expert])) * F.linear(tokens, self.w3[expert])
-            expert_out = F.linear(hidden, self.w2[expert]) * top_k_weights[token_index, slot, None]
-            combined.index_add_(0, token_index, expert_out.to(combined.dtype))
-        return combined
+        top_k = top_k_index.shape[1]
+        flat = top_k_index.flatten()
+        order = torch.argsort(flat, stable=True)  # pair ids, expert-major
+        counts = torch.bincount(flat, minlength=self.n_experts).tolist()  # the one host sync
+        token_ids = order // top_k
+        tokens = x[token_ids]
+        outputs, start = [], 0
+        for expert, count in enumerate(counts):
+            if count:
+                rows = tokens[start:start + count]
+                hidden = F.silu(F.linear(rows, self.w1[expert])) * F.linear(rows, self.w3[expert])
+                outputs.append(F.linear(hidden, self.w2[expert]))
+                start += count
+        if not outputs:  # no tokens
+            return torch.zeros_like(x)
+        expert_out = torch.cat(outputs) * top_k_weights.flatten()[order, None]
+        return torch.zeros_like(x).index_add_(0, token_ids, expert_out.to(x.dtype))
 
 
 # ---------------------------------------------------------------- gated linear attention

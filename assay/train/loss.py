@@ -19,7 +19,9 @@ from assay.train.data import IGNORE_INDEX
 # Chunk when the step's float32 logits (tokens x vocab x 4 bytes) would exceed this: below it the
 # full-logits loss is as fast and a few MB do not matter (the zoo's 1,024-token vocabulary stays unchunked).
 AUTO_CHUNK_LOGITS_BYTES = 256 * 2**20
-DEFAULT_CHUNK_TOKENS = 1024
+# Automatic chunks hold about this many bytes of float32 logits (a multiple of 64 tokens, at least 64):
+# 64 tokens at Qwen3's 151,936 tokens, still a matmul wide enough to run near the machine's rate.
+CHUNK_LOGITS_BYTES = 64 * 2**20
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -33,11 +35,13 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def chunk_tokens_for(setting: int | None, tokens: int, vocab_size: int) -> int:
     """Tokens per loss chunk for a step of `tokens`: 0 means the full-logits loss.
 
-    setting None: automatic (chunks of DEFAULT_CHUNK_TOKENS once the logits pass AUTO_CHUNK_LOGITS_BYTES);
+    setting None: automatic (chunks of about CHUNK_LOGITS_BYTES once the logits pass AUTO_CHUNK_LOGITS_BYTES);
     0: never chunk; N > 0: chunks of N tokens.
     """
     if setting is None:
-        return DEFAULT_CHUNK_TOKENS if tokens * vocab_size * 4 > AUTO_CHUNK_LOGITS_BYTES else 0
+        if tokens * vocab_size * 4 <= AUTO_CHUNK_LOGITS_BYTES:
+            return 0
+        return max(64, CHUNK_LOGITS_BYTES // (vocab_size * 4) // 64 * 64)
     return setting
 
 
