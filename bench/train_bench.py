@@ -217,6 +217,7 @@ def grouped_experts_vs_loop(repeats: int) -> dict:
     sizes = dict(tokens=BATCH * SEQ_LEN, dim=64, hidden=32, experts=8, top_k=2)  # the zoo MoE's experts at this batch
     inputs = KERNEL.make_inputs(Case("zoo", sizes), torch.float32, torch.Generator().manual_seed(0))
     reference = GroupedExperts(sizes["experts"], sizes["dim"], sizes["hidden"])
+    reference.use_grouped_mm = False  # the per-expert loop
     with torch.no_grad():
         for name in ("w1", "w2", "w3"):
             getattr(reference, name).copy_(inputs[name])
@@ -286,6 +287,7 @@ def main() -> None:
     parser.add_argument("--timing-warmup", type=int, default=2)
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--compile-sizes", default="8x512", help="sizes that run native+compile (inductor takes minutes per size here)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, the same for every path")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--profile", action="store_true", help="per-op table of one step per path at 8x512")
@@ -309,8 +311,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         folders = checkpoints(Path(scratch), sizes)
         for size in sizes:
-            print(f"[train_bench] {size}: {', '.join(paths)}", file=sys.stderr, flush=True)
-            report["sizes"][size] = run_size(size, folders[size], paths, options.steps, options.timing_warmup, peak_before)
+            size_paths = [p for p in paths if p != "native+compile" or size in options.compile_sizes.split(",")]
+            print(f"[train_bench] {size}: {', '.join(size_paths)}", file=sys.stderr, flush=True)
+            report["sizes"][size] = run_size(size, folders[size], size_paths, options.steps, options.timing_warmup, peak_before)
+            # Saved as it goes (marked partial): a run cut short on a loaded machine keeps its finished sizes.
+            atomic_write_json(options.out, report | {"partial": True, "load_average_before_after": [load_before, os.getloadavg()]})
         peak_after = measure_peak_flops("cpu", torch.float32)
         peak = max(peak_before, peak_after)
         if not options.no_memory:
@@ -319,6 +324,7 @@ def main() -> None:
             ac_folder = folders.get("small") or checkpoints(Path(scratch), ["small"])["small"]
             report["activation_checkpointing"] = activation_checkpointing(ac_folder, 6, 2, peak, options.threads)
         report["grouped_experts_vs_loop"] = grouped_experts_vs_loop(20)
+        atomic_write_json(options.out, report | {"partial": True})
         if options.profile:
             big = folders.get("8x512") or checkpoints(Path(scratch), ["8x512"])["8x512"]
             report["profile"] = profile_paths(big, peak, options.out.with_name("train_profile.txt"))
