@@ -116,3 +116,23 @@ def test_inductor_compiled_blocks_have_no_graph_break_and_report_compile_time(tr
     # The compiling step is timed apart: the warm-up phase, not part of the steady throughput.
     assert compiled.records[0]["warmup"] and compiled.summary["warmup_s"] > compiled.summary["steady_step_s_mean"]
     assert_close("train_loss", torch.tensor(compiled.losses), torch.tensor(eager.losses), torch.float32)
+
+
+def test_moe_experts_grouped_mm_gives_the_per_expert_loops_bits():
+    from assay.models.layers import GroupedExperts
+
+    generator = torch.Generator().manual_seed(0)
+    experts = GroupedExperts(8, 64, 32)  # the zoo MoE's experts
+    with torch.no_grad():
+        for weight in experts.parameters():
+            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.1)
+    x = torch.randn(300, 64, generator=generator, requires_grad=True)
+    top_k_weights, top_k_index = torch.topk(torch.softmax(torch.randn(300, 8, generator=generator), -1), 2)
+    results = {}
+    for grouped in (True, False):
+        experts.use_grouped_mm = grouped
+        assert experts._grouped_mm_fits(x) == grouped
+        out = experts(x, top_k_index, top_k_weights)
+        results[grouped] = (out, *torch.autograd.grad(out.square().sum(), [x, experts.w1, experts.w2, experts.w3]))
+    # torch._grouped_mm on CPU runs the same per-group matmuls as F.linear: equal bits, forward and backward.
+    assert all(torch.equal(a, b) for a, b in zip(results[True], results[False]))
