@@ -20,7 +20,7 @@ Memory (fresh subprocess per setting, peak RSS growth over the training steps): 
 151,936-token vocabulary with the full logits vs in chunks, and --activation-checkpointing
 none/full/selective at the small size (their speed interleaved in this process).
 Kernels: grouped_experts against the reference expert loop at the zoo MoE's shapes, forward+backward.
-`--profile` writes torch.profiler's per-op table of one steady step per path at 8x512.
+`--profile` writes torch.profiler's per-op table of one steady step of hf and native (`--profile-size`).
 """
 
 from __future__ import annotations
@@ -290,7 +290,8 @@ def main() -> None:
     parser.add_argument("--compile-sizes", default="8x512", help="sizes that run native+compile (inductor takes minutes per size here)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, the same for every path")
     parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--profile", action="store_true", help="per-op table of one step per path at 8x512")
+    parser.add_argument("--profile", action="store_true", help="per-op table of one steady step of hf and native")
+    parser.add_argument("--profile-size", default="small", choices=tuple(WRITTEN_SIZES))
     parser.add_argument("--out", type=Path, default=RESULTS / "train.json")
     options = parser.parse_args()
     sizes = [s for s in options.sizes.split(",") if s]
@@ -326,8 +327,9 @@ def main() -> None:
         report["grouped_experts_vs_loop"] = grouped_experts_vs_loop(20)
         atomic_write_json(options.out, report | {"partial": True})
         if options.profile:
-            big = folders.get("8x512") or checkpoints(Path(scratch), ["8x512"])["8x512"]
-            report["profile"] = profile_paths(big, peak, options.out.with_name("train_profile.txt"))
+            size = options.profile_size
+            folder = folders.get(size) or checkpoints(Path(scratch), [size])[size]
+            report["profile"] = profile_paths(folder, peak, options.out.with_name("train_profile.txt"))
     # MFU against the higher of the two peak measurements (the trainers used the first; rescale).
     for size in report["sizes"].values():
         for entry in size["paths"].values():
@@ -359,11 +361,12 @@ def targets(report: dict) -> dict:
         native = result["paths"].get("native")
         if native:
             met[f"native>=1.0x hf @{size}"] = native["over_hf"]["median"] >= TARGETS["native"]
-    compiled = report["sizes"].get("8x512", {}).get("paths", {}).get("native+compile")
-    if compiled:
-        met["native+compile>=1.2x hf @8x512"] = compiled["over_hf"]["median"] >= TARGETS["native+compile@8x512"]
-        met["native+compile MFU>=0.6 of peak @8x512"] = (compiled["steady_mfu"] or 0.0) >= TARGETS["compile_mfu_fraction_of_peak"]
-        met["native+compile graph breaks == 0 @8x512"] = compiled["compile"]["graph_breaks"] == 0
+    for size, result in report["sizes"].items():
+        compiled = result["paths"].get("native+compile")
+        if compiled:  # the issue's targets are at 8x512; reported at whichever size ran compiled
+            met[f"native+compile>=1.2x hf @{size}"] = compiled["over_hf"]["median"] >= TARGETS["native+compile@8x512"]
+            met[f"native+compile MFU>=0.6 of peak @{size}"] = (compiled["steady_mfu"] or 0.0) >= TARGETS["compile_mfu_fraction_of_peak"]
+            met[f"native+compile graph breaks == 0 @{size}"] = compiled["compile"]["graph_breaks"] == 0
     return met
 
 
