@@ -1,35 +1,44 @@
-"""Training throughput and MFU of the `native` model path vs the `hf` path, same checkpoint, on CPU.
+"""Training throughput and MFU per model path (hf, native, native+kernels, native+compile) at three
+dense sizes and the zoo's MoE, plus the memory of the chunked loss and of activation checkpointing, on CPU.
 
-    python bench/train_bench.py            -> bench/results/train.json and a table
+    python bench/train_bench.py            -> bench/results/train.json, bench/results/train.png, a table
 
-One Qwen3 checkpoint of a small but not trivial size (8 layers, hidden 512, the zoo's 1024-token
-vocabulary), batch 4 x 512 tokens, float32, AdamW, the embedded corpus: the Transformers baseline of
-measured-here.md. Both paths run through the same trainer (assay.train.Trainer), so loss, optimizer,
-data and timing are identical; only the model code differs.
+Sizes: `tiny` (the zoo's qwen3: 2 layers, hidden 64), `small` (4 layers, hidden 256), `8x512` (8 layers,
+hidden 512, the Transformers baseline of measured-here.md) and `moe` (the zoo's qwen3-moe: 8 experts,
+top-2); the zoo's 1,024-token vocabulary, batch 4 x 512 tokens, float32, AdamW. Every path runs through
+the same trainer (assay.train.Trainer), so loss, optimizer, data and timing are identical; only the
+model code differs.
 
-The machine is shared, so the two trainers are interleaved step by step (hf, native, then native,
-hf, ...): neighbouring steps see the same load, and each pair gives a ratio. The first
-`--timing-warmup` steps of each trainer are excluded. Throughput per path is its steady tokens over
-its steady time; MFU is against the fp32 matmul peak measured here once, before the steps
-(core.metrics.measure_peak_flops). The headline ratio is the median of the per-pair ratios (robust to
-a burst of load on one step); the ratio of the pooled throughputs is recorded beside it.
+The machine is shared, so within a size the paths' trainers are interleaved step by step (the order
+rotates every step): neighbouring steps see the same load, and each step index gives a ratio against
+hf. The first `--timing-warmup` steps of each trainer (compilation for native+compile) are excluded
+and reported apart. Headline per path: the median of its per-step ratios to hf, with their min-max.
+MFU is against the fp32 matmul peak measured in this run (core.metrics.measure_peak_flops, before and
+after the steps; the higher is used), with core.metrics.train_flops_per_token (through the trainer).
+
+Memory (fresh subprocess per setting, peak RSS growth over the training steps): the loss at Qwen3's
+151,936-token vocabulary with the full logits vs in chunks, and --activation-checkpointing
+none/full/selective at the small size (their speed interleaved in this process).
+Kernels: grouped_experts against the reference expert loop at the zoo MoE's shapes, forward+backward.
+`--profile` writes torch.profiler's per-op table of one steady step of hf and native (`--profile-size`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from assay.core.files import atomic_write_json
-from assay.core.metrics import measure_peak_flops
-from assay.core.numerics import compare
+from assay.core.metrics import measure_peak_flops, new_figure, save_figure
 from assay.core.output import print_table
 from assay.train import OptimConfig, TrainRequest
 from assay.train.records import phase_mfu, phase_tokens_per_s, steady_records
@@ -37,100 +46,328 @@ from assay.train.trainer import Trainer
 from assay.zoo.tokenizer import TOKEN_IDS
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONFIG = dict(
-    hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-    max_position_embeddings=2048, tie_word_embeddings=False, **TOKEN_IDS,
-)
 BATCH, SEQ_LEN = 4, 512
-# native at least as fast as hf
-TARGET_RATIO = 1.0
+DENSE = dict(max_position_embeddings=2048, tie_word_embeddings=False, **TOKEN_IDS)
+WRITTEN_SIZES = {  # sizes the zoo does not have, written here with a fixed seed
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    "8x512": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64),
+}
+SIZES = ("tiny", "small", "8x512", "moe")
+ZOO_SIZES = {"tiny": "qwen3", "moe": "qwen3-moe"}
+PATHS = ("hf", "native", "native+kernels", "native+compile")
+KERNELS = {"dense": ("rope", "attention"), "moe": ("rope", "grouped_experts", "attention")}
+QWEN3_VOCAB = 151_936
+TARGETS = {"native": 1.0, "native+compile@8x512": 1.2, "compile_mfu_fraction_of_peak": 0.6}
 
 
-def write_checkpoint(folder: Path) -> Path:
+def write_checkpoint(folder: Path, config: dict, vocab_size: int | None = None) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from assay.zoo.tokenizer import VOCAB_SIZE, write_tokenizer
 
     torch.manual_seed(0)
-    Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB_SIZE, **CONFIG)).save_pretrained(folder)
+    Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab_size or VOCAB_SIZE, **DENSE, **config)).save_pretrained(folder)
     write_tokenizer(folder)
     return folder
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12, help="steps per path (warm-up included)")
-    parser.add_argument("--timing-warmup", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS / "train.json")
-    options = parser.parse_args()
+def checkpoints(scratch: Path, sizes) -> dict[str, Path]:
+    from assay.zoo import build_zoo
 
-    load_before = os.getloadavg()
-    peak = measure_peak_flops("cpu", torch.float32)
-    paths = ("hf", "native")
+    zoo_names = [ZOO_SIZES[size] for size in sizes if size in ZOO_SIZES]
+    if zoo_names:
+        build_zoo(scratch / "zoo", zoo_names, progress=False)
+    return {
+        size: scratch / "zoo" / ZOO_SIZES[size] if size in ZOO_SIZES else write_checkpoint(scratch / size, WRITTEN_SIZES[size])
+        for size in sizes
+    }
+
+
+def request(checkpoint: Path, path: str, steps: int, warmup: int, peak: float, **extra) -> TrainRequest:
+    model_path = "hf" if path == "hf" else "native"
+    kernels = KERNELS["moe" if "moe" in checkpoint.name else "dense"] if path == "native+kernels" else None
+    return TrainRequest(
+        model=str(checkpoint), path=model_path, kernels=kernels, compile=path == "native+compile", backend="inductor",
+        steps=steps, batch=BATCH, seq_len=SEQ_LEN, optim=OptimConfig(lr=3e-4, warmup_steps=1), peak_flops=str(peak),
+        timing_warmup_steps=warmup, **extra,
+    )
+
+
+def interleave(trainers: dict[str, Trainer], steps: int) -> None:
+    names = list(trainers)
+    for step in range(steps):
+        shift = step % len(names)
+        for name in names[shift:] + names[:shift]:  # rotate the order: no path always runs first
+            trainers[name].step(step)
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def run_size(size: str, checkpoint: Path, paths, steps: int, warmup: int, peak: float) -> dict:
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as scratch:
-        checkpoint = write_checkpoint(Path(scratch) / "qwen3-8x512")
-        trainers = {
-            path: Trainer(TrainRequest(
-                model=str(checkpoint), path=path, steps=options.steps, batch=BATCH, seq_len=SEQ_LEN,
-                optim=OptimConfig(lr=3e-4, warmup_steps=1), peak_flops=str(peak), timing_warmup_steps=options.timing_warmup,
-            ))
-            for path in paths
-        }
-        for step in range(options.steps):
-            for path in (paths if step % 2 == 0 else paths[::-1]):
-                trainers[path].step(step)
+    trainers = {path: Trainer(request(checkpoint, path, steps, warmup, peak)) for path in paths}
+    set_up_s = time.perf_counter() - started
+    try:
+        interleave(trainers, steps)
         summaries = {path: trainer.summary() for path, trainer in trainers.items()}
         records = {path: trainer.records for path, trainer in trainers.items()}
+    finally:
         for trainer in trainers.values():
             trainer.close()
-    load_after = os.getloadavg()
-
     steady = {path: steady_records(records[path]) for path in paths}
-    pair_ratios = [n["tokens_per_s"] / h["tokens_per_s"] for n, h in zip(steady["native"], steady["hf"])]
-    per_path = {
-        path: {
-            "steady_tokens_per_s": phase_tokens_per_s(steady[path]),
-            "steady_mfu": phase_mfu(steady[path]),
-            "best_step_tokens_per_s": max(r["tokens_per_s"] for r in steady[path]),
-            "median_step_tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady[path]),
-            "warmup_tokens_per_s": summaries[path]["warmup_tokens_per_s"],
-            "steady_steps": len(steady[path]),
-            "step_s": [r["step_s"] for r in records[path]],
-            "losses": [r["loss"] for r in records[path]],
-            "params_total": summaries[path]["params_total"],
-            "active_matmul_params": summaries[path]["active_matmul_params"],
-            "flops_per_token": summaries[path]["flops_per_token"],
-            "peak_memory_bytes": summaries[path]["peak_memory_bytes"],
+    result = {"checkpoint": checkpoint.name, "set_up_s": set_up_s, "paths": {}}
+    for path in paths:
+        summary = summaries[path]
+        entry = {
+            "steady_tokens_per_s": phase_tokens_per_s(steady[path]), "steady_mfu": phase_mfu(steady[path]),
+            "step_tokens_per_s": spread([r["tokens_per_s"] for r in steady[path]]),
+            "warmup_s": summary["warmup_s"], "steady_steps": len(steady[path]), "step_s": [r["step_s"] for r in records[path]],
+            "losses": [r["loss"] for r in records[path]], "first_loss": summary["first_loss"],
+            "flops_per_token": summary["flops_per_token"], "active_matmul_params": summary["active_matmul_params"],
+            "optimizer_implementation": summary["optimizer_implementation"], "compile": summary["compile"],
         }
-        for path in paths
-    }
-    ratio = statistics.median(pair_ratios)
-    report = {
-        "benchmark": "train: native vs hf model path, same checkpoint, same trainer, steps interleaved",
-        "config": {**CONFIG, "vocab_size": 1024, "batch": BATCH, "seq_len": SEQ_LEN, "dtype": "float32", "optimizer": "AdamW",
-                   "steps_per_path": options.steps, "timing_warmup_steps": options.timing_warmup},
-        "device": "cpu", "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "peak_flops_fp32_measured": peak,
-        "native": per_path["native"], "hf": per_path["hf"],
-        "native_over_hf_tokens_per_s": ratio,
-        "native_over_hf_pair_ratios": pair_ratios,
-        "native_over_hf_pooled": per_path["native"]["steady_tokens_per_s"] / per_path["hf"]["steady_tokens_per_s"],
-        "losses_native_vs_hf": asdict(compare("train_loss", torch.tensor(per_path["native"]["losses"]), torch.tensor(per_path["hf"]["losses"]), torch.float32)),
-        "target": f"native >= {TARGET_RATIO} x hf (median pair ratio)", "target_met": ratio >= TARGET_RATIO,
-        "wall_s": time.perf_counter() - started,
-        "load_average_before_after": [load_before, load_after],
-        "note": "2-core CPU shared with other engineers' processes during the run (see load averages): absolute "
-                "tokens/s, MFU and the measured peak move with their load; the ratio comes from interleaved steps.",
-    }
-    atomic_write_json(options.out, report)
-    print_table(
-        [{"path": p, **{k: v for k, v in per_path[p].items() if k in ("steady_tokens_per_s", "steady_mfu", "median_step_tokens_per_s", "steady_steps")}}
-         for p in paths],
-        ["path", "steady_tokens_per_s", "steady_mfu", "median_step_tokens_per_s", "steady_steps"],
-        title=f"native / hf = {ratio:.3f} median of {len(pair_ratios)} step pairs (peak {peak / 1e9:.0f} GFLOP/s measured; {options.out})",
+        if path != "hf":
+            ratios = [p["tokens_per_s"] / h["tokens_per_s"] for p, h in zip(steady[path], steady["hf"])]
+            entry["over_hf_step_ratios"] = ratios
+            entry["over_hf"] = spread(ratios)
+            entry["first_loss_rel_diff_vs_hf"] = abs(summary["first_loss"] - summaries["hf"]["first_loss"]) / summaries["hf"]["first_loss"]
+        result["paths"][path] = entry
+    return result
+
+
+# ---------------------------------------------------------------- memory (fresh processes)
+
+_MEMORY_CHILD = r"""
+import json, resource, sys, time, torch
+from assay.train import OptimConfig, TrainRequest
+from assay.train.trainer import Trainer
+torch.set_num_threads(int(sys.argv[4]))
+kwargs = json.loads(sys.argv[2])
+trainer = Trainer(TrainRequest(model=sys.argv[1], steps=int(sys.argv[3]), optim=OptimConfig(lr=3e-4, warmup_steps=1), **kwargs))
+before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.perf_counter()
+for step in range(int(sys.argv[3])):
+    trainer.step(step)
+elapsed = time.perf_counter() - started
+after_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"peak_rss_growth_bytes": (after_kib - before_kib) * 1024, "peak_rss_bytes": after_kib * 1024,
+                  "losses": [r["loss"] for r in trainer.records], "step_s": [r["step_s"] for r in trainer.records],
+                  "loss_chunk_tokens": trainer.loss_chunk_tokens, "wall_s": elapsed}))
+trainer.close()
+"""
+
+
+def memory_run(checkpoint: Path, steps: int, threads: int, **kwargs) -> dict:
+    """Peak RSS growth of `steps` training steps in a fresh process (the allocator's history is its own)."""
+    completed = subprocess.run(
+        [sys.executable, "-c", _MEMORY_CHILD, str(checkpoint), json.dumps(kwargs), str(steps), str(threads)],
+        capture_output=True, text=True, check=True, env=os.environ | {"TRANSFORMERS_VERBOSITY": "error"},
     )
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def chunked_loss_memory(scratch: Path, threads: int) -> dict:
+    """Qwen3's vocabulary on a 2-layer hidden-256 model, batch 2 x 512: the full fp32 logits are 622 MB."""
+    checkpoint = write_checkpoint(scratch / "vocab151936", dict(WRITTEN_SIZES["small"], num_hidden_layers=2), vocab_size=QWEN3_VOCAB)
+    common = dict(batch=2, seq_len=512, path="native")
+    full = memory_run(checkpoint, 2, threads, loss_chunk_tokens=0, **common)
+    chunked = memory_run(checkpoint, 2, threads, **common)  # automatic chunking
+    return {
+        "config": {"vocab_size": QWEN3_VOCAB, "layers": 2, "hidden": 256, "batch": 2, "seq_len": 512, "path": "native"},
+        "full_logits_fp32_bytes": 2 * 512 * QWEN3_VOCAB * 4,
+        "full": full, "chunked": chunked,
+        "peak_growth_saved_bytes": full["peak_rss_growth_bytes"] - chunked["peak_rss_growth_bytes"],
+        "first_loss_rel_diff": abs(full["losses"][0] - chunked["losses"][0]) / full["losses"][0],
+    }
+
+
+def activation_checkpointing(checkpoint: Path, steps: int, warmup: int, peak: float, threads: int) -> dict:
+    modes = ("none", "full", "selective")
+    memory = {mode: memory_run(checkpoint, 2, threads, path="native", batch=BATCH, seq_len=SEQ_LEN, activation_checkpointing=mode)
+              for mode in modes}
+    trainers = {mode: Trainer(request(checkpoint, "native", steps, warmup, peak, activation_checkpointing=mode)) for mode in modes}
+    try:
+        interleave(trainers, steps)
+        steady = {mode: steady_records(trainer.records) for mode, trainer in trainers.items()}
+        losses = {mode: [r["loss"] for r in trainer.records] for mode, trainer in trainers.items()}
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
+    return {
+        mode: {
+            "peak_rss_growth_bytes": memory[mode]["peak_rss_growth_bytes"],
+            "steady_tokens_per_s": phase_tokens_per_s(steady[mode]),
+            "over_none": spread([m["tokens_per_s"] / n["tokens_per_s"] for m, n in zip(steady[mode], steady["none"])]),
+            "first_loss": losses[mode][0],
+        }
+        for mode in modes
+    } | {"size": checkpoint.name}
+
+
+# ---------------------------------------------------------------- grouped experts vs the reference loop
+
+
+def grouped_experts_vs_loop(repeats: int) -> dict:
+    from assay.kernels.grouped_experts import KERNEL, KernelGroupedExperts
+    from assay.kernels.registry import Case
+    from assay.models.layers import GroupedExperts
+
+    sizes = dict(tokens=BATCH * SEQ_LEN, dim=64, hidden=32, experts=8, top_k=2)  # the zoo MoE's experts at this batch
+    inputs = KERNEL.make_inputs(Case("zoo", sizes), torch.float32, torch.Generator().manual_seed(0))
+    reference = GroupedExperts(sizes["experts"], sizes["dim"], sizes["hidden"])
+    reference.use_grouped_mm = False  # the per-expert loop
+    with torch.no_grad():
+        for name in ("w1", "w2", "w3"):
+            getattr(reference, name).copy_(inputs[name])
+    modules = {"reference_loop": reference, "grouped_experts": KernelGroupedExperts.from_module(reference)}
+    times: dict[str, list[float]] = {name: [] for name in modules}
+    x = inputs["x"].requires_grad_()
+    for repeat in range(repeats + 2):
+        for name, module in (modules.items() if repeat % 2 == 0 else reversed(modules.items())):
+            started = time.perf_counter()
+            module(x, inputs["top_k_index"], inputs["top_k_weights"]).sum().backward()
+            if repeat >= 2:  # two warm-up rounds
+                times[name].append(time.perf_counter() - started)
+            reference.zero_grad(set_to_none=True)
+            x.grad = None
+    ratios = [r / k for r, k in zip(times["reference_loop"], times["grouped_experts"])]
+    return {
+        "shapes": sizes, "forward_backward_s": {name: spread(values) for name, values in times.items()},
+        "speedup_over_loop": spread(ratios), "not_slower": statistics.median(ratios) >= 1.0,
+    }
+
+
+# ---------------------------------------------------------------- profile
+
+
+def profile_paths(checkpoint: Path, peak: float, out: Path) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    tables, totals = [], {}
+    for path in ("hf", "native"):
+        trainer = Trainer(request(checkpoint, path, 4, 1, peak))
+        try:
+            for step in range(3):
+                trainer.step(step)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                trainer.step(3)
+        finally:
+            trainer.close()
+        averages = prof.key_averages()
+        totals[path] = {e.key: e.self_cpu_time_total / 1e3 for e in sorted(averages, key=lambda e: -e.self_cpu_time_total)[:15]}
+        tables.append(f"===== {path}: one steady step at {checkpoint.name}\n{averages.table(sort_by='self_cpu_time_total', row_limit=25)}")
+    out.write_text("\n".join(tables))
+    return {"table": out.name, "top_self_cpu_ms": totals}
+
+
+# ---------------------------------------------------------------- report
+
+
+def plot(report: dict, out: Path) -> None:
+    fig, axes = new_figure(ncols=1, size=(8.0, 4.5))
+    ax = axes[0][0]
+    sizes = [size for size in SIZES if size in report["sizes"]]
+    width = 0.8 / len(PATHS)
+    for index, path in enumerate(PATHS):
+        values = [report["sizes"][size]["paths"].get(path, {}).get("steady_tokens_per_s") or 0.0 for size in sizes]
+        ax.bar([i + (index - (len(PATHS) - 1) / 2) * width for i in range(len(sizes))], values, width, label=path)
+    ax.set_xticks(range(len(sizes)), sizes)
+    ax.set_yscale("log")
+    ax.set_ylabel("steady tokens/s (log)")
+    ax.set_title(f"training throughput, CPU fp32, batch {BATCH}x{SEQ_LEN} (load {report['load_average_before_after'][0][0]:.1f})")
+    ax.legend(fontsize=8)
+    save_figure(fig, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="steps per path (warm-up included)")
+    parser.add_argument("--timing-warmup", type=int, default=2)
+    parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--compile-sizes", default="8x512", help="sizes that run native+compile (inductor takes minutes per size here)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, the same for every path")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="per-op table of one steady step of hf and native")
+    parser.add_argument("--profile-size", default="small", choices=tuple(WRITTEN_SIZES))
+    parser.add_argument("--out", type=Path, default=RESULTS / "train.json")
+    options = parser.parse_args()
+    sizes = [s for s in options.sizes.split(",") if s]
+    paths = ["hf"] + [p for p in options.paths.split(",") if p and p != "hf"]
+    torch.set_num_threads(options.threads)
+
+    load_before = os.getloadavg()
+    peak_before = measure_peak_flops("cpu", torch.float32)
+    started = time.perf_counter()
+    report: dict = {
+        "benchmark": "train: hf vs native vs native+kernels vs native+compile, same trainer, steps interleaved per size",
+        "config": {"batch": BATCH, "seq_len": SEQ_LEN, "dtype": "float32", "optimizer": "AdamW", "vocab_size": 1024,
+                   "steps_per_path": options.steps, "timing_warmup_steps": options.timing_warmup, "written_sizes": WRITTEN_SIZES,
+                   "kernels": KERNELS, "compile": "per block, inductor"},
+        "device": "cpu", "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__, "transformers": __import__("transformers").__version__, "sizes": {},
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        folders = checkpoints(Path(scratch), sizes)
+        for size in sizes:
+            size_paths = [p for p in paths if p != "native+compile" or size in options.compile_sizes.split(",")]
+            print(f"[train_bench] {size}: {', '.join(size_paths)}", file=sys.stderr, flush=True)
+            report["sizes"][size] = run_size(size, folders[size], size_paths, options.steps, options.timing_warmup, peak_before)
+            # Saved as it goes (marked partial): a run cut short on a loaded machine keeps its finished sizes.
+            atomic_write_json(options.out, report | {"partial": True, "load_average_before_after": [load_before, os.getloadavg()]})
+        peak_after = measure_peak_flops("cpu", torch.float32)
+        peak = max(peak_before, peak_after)
+        if not options.no_memory:
+            print("[train_bench] memory: chunked loss, activation checkpointing", file=sys.stderr, flush=True)
+            report["chunked_loss_memory"] = chunked_loss_memory(Path(scratch), options.threads)
+            ac_folder = folders.get("small") or checkpoints(Path(scratch), ["small"])["small"]
+            report["activation_checkpointing"] = activation_checkpointing(ac_folder, 6, 2, peak, options.threads)
+        report["grouped_experts_vs_loop"] = grouped_experts_vs_loop(20)
+        atomic_write_json(options.out, report | {"partial": True})
+        if options.profile:
+            size = options.profile_size
+            folder = folders.get(size) or checkpoints(Path(scratch), [size])[size]
+            report["profile"] = profile_paths(folder, peak, options.out.with_name("train_profile.txt"))
+    # MFU against the higher of the two peak measurements (the trainers used the first; rescale).
+    for size in report["sizes"].values():
+        for entry in size["paths"].values():
+            if entry["steady_mfu"] is not None:
+                entry["steady_mfu"] *= peak_before / peak
+    report |= {
+        "peak_flops_fp32_measured": peak, "peak_flops_fp32_before_after": [peak_before, peak_after],
+        "wall_s": time.perf_counter() - started, "load_average_before_after": [load_before, os.getloadavg()],
+        "note": "2-core CPU shared with other engineers' processes during the run (see load averages): absolute "
+                "tokens/s, MFU and the measured peak move with their load; ratios come from interleaved steps.",
+    }
+    report["targets"] = targets(report)
+    atomic_write_json(options.out, report)
+    plot(report, options.out.with_suffix(".png"))
+    rows = [
+        {"size": size, "path": path, "tokens_per_s": entry["steady_tokens_per_s"], "mfu": entry["steady_mfu"],
+         "over_hf": "" if path == "hf" else f"{entry['over_hf']['median']:.2f} ({entry['over_hf']['min']:.2f}-{entry['over_hf']['max']:.2f})",
+         "warmup_s": entry["warmup_s"]}
+        for size, result in report["sizes"].items() for path, entry in result["paths"].items()
+    ]
+    print_table(rows, ["size", "path", "tokens_per_s", "mfu", "over_hf", "warmup_s"],
+                title=f"training, median step ratio to hf (min-max); peak {peak / 1e9:.0f} GFLOP/s measured; {options.out}")
+    print(json.dumps(report["targets"], indent=1))
+
+
+def targets(report: dict) -> dict:
+    met = {}
+    for size, result in report["sizes"].items():
+        native = result["paths"].get("native")
+        if native:
+            met[f"native>=1.0x hf @{size}"] = native["over_hf"]["median"] >= TARGETS["native"]
+    for size, result in report["sizes"].items():
+        compiled = result["paths"].get("native+compile")
+        if compiled:  # the issue's targets are at 8x512; reported at whichever size ran compiled
+            met[f"native+compile>=1.2x hf @{size}"] = compiled["over_hf"]["median"] >= TARGETS["native+compile@8x512"]
+            met[f"native+compile MFU>=0.6 of peak @{size}"] = (compiled["steady_mfu"] or 0.0) >= TARGETS["compile_mfu_fraction_of_peak"]
+            met[f"native+compile graph breaks == 0 @{size}"] = compiled["compile"]["graph_breaks"] == 0
+    return met
 
 
 if __name__ == "__main__":

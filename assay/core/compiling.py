@@ -78,13 +78,14 @@ def compile_fn(fn: Callable, backend: str, stats: CompileStats | None = None, **
     return torch.compile(fn, backend=counting_backend(backend, stats), **kwargs)
 
 
-def compile_modules(modules, backend: str, stats: CompileStats | None = None, **kwargs) -> None:
+def compile_modules(modules, backend: str, stats: CompileStats | None = None, wrap: Callable | None = None, **kwargs) -> None:
     """Compile each module's forward in place (state-dict keys unchanged), one compiled function per class.
 
     Modules of one class share one torch.compile of the unbound forward, so N identical transformer
     blocks compile once: a separate torch.compile per block would recompile for every block (each
     brings its own backend callable) and hit dynamo's recompile limit past 8 layers. Hooks (FSDP's
-    all-gathers) stay outside the compiled region.
+    all-gathers) stay outside the compiled region. `wrap(forward) -> forward`, when given, is applied to
+    the class's forward before compiling (the trainer's activation checkpointing, traced with the block).
     """
     import types
 
@@ -92,7 +93,8 @@ def compile_modules(modules, backend: str, stats: CompileStats | None = None, **
     for module in modules:
         cls = type(module)
         if cls not in compiled_by_class:
-            compiled_by_class[cls] = compile_fn(cls.forward, backend, stats, **kwargs)
+            forward = wrap(cls.forward) if wrap is not None else cls.forward
+            compiled_by_class[cls] = compile_fn(forward, backend, stats, **kwargs)
         module.forward = types.MethodType(compiled_by_class[cls], module)
 
 

@@ -20,13 +20,12 @@ weights arrive in x's dtype, as the model passes them.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch.nn.functional as F
 
 from assay.kernels.registry import Case, Kernel, ShapeConstraint, select_impl
-from assay.models.layers import GroupedExperts
+from assay.models.layers import GroupedExperts, grouped_mm_runs
 
 _ALIGN = "torch._grouped_mm reads rows of a multiple of 16 bytes"
 CONSTRAINTS = (
@@ -38,24 +37,9 @@ CONSTRAINTS = (
 # ---------------------------------------------------------------- grouped multiplies per implementation
 
 
-@functools.cache
-def _grouped_mm_runs(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether torch._grouped_mm runs on this device type and dtype (tried once on a tiny problem)."""
-    if not hasattr(torch, "_grouped_mm"):
-        return False
-    try:
-        a = torch.zeros(8, 8, dtype=dtype, device=device_type)
-        b = torch.zeros(2, 8, 8, dtype=dtype, device=device_type)
-        torch._grouped_mm(a, b, offs=torch.tensor([4, 8], dtype=torch.int32, device=device_type))
-        torch._grouped_mm(a.t(), a, offs=torch.tensor([4, 8], dtype=torch.int32, device=device_type))
-    except (RuntimeError, NotImplementedError, TypeError):
-        return False
-    return True
-
-
 def _refine_impl(impl: str, tensors) -> str:
     x = tensors["x"]
-    if impl == "grouped_mm" and not _grouped_mm_runs(x.device.type, x.dtype):
+    if impl == "grouped_mm" and not grouped_mm_runs(x.device.type, x.dtype):
         return "loop"
     return impl
 
@@ -219,6 +203,7 @@ def _reference_module(w1, w2, w3) -> GroupedExperts:
     module = GroupedExperts.__new__(GroupedExperts)
     torch.nn.Module.__init__(module)
     module.n_experts = w1.shape[0]
+    module.use_grouped_mm = False  # the per-expert loop: what the kernel is checked against
     # Plain tensors, not Parameters: the caller's tensors (and their autograd graph) are used as they are.
     module.__dict__.update(w1=w1, w2=w2, w3=w3)
     return module

@@ -44,6 +44,12 @@ def train_command(
     dtype: str = dtype_option(),
     compile_blocks: bool = typer.Option(False, "--compile", help="torch.compile each transformer block"),
     backend: str = backend_option(help="torch.compile backend name"),
+    activation_checkpointing: str = typer.Option(
+        "none", "--activation-checkpointing", help="none, full (recompute each block) or selective (keep matmul outputs)"
+    ),
+    loss_chunk_tokens: Optional[int] = typer.Option(
+        None, "--loss-chunk-tokens", help="tokens per chunk of the output-head loss (default: chunks once the fp32 logits pass 256 MiB; 0: never)"
+    ),
     dp_shard: Optional[int] = typer.Option(None, "--dp-shard", help="FSDP2 degree (default: processes / --tp)"),
     tp: int = typer.Option(1, "--tp", help="tensor-parallel degree (native path)"),
     metrics: Optional[Path] = typer.Option(None, "--metrics", help="JSONL file, one object per step"),
@@ -73,7 +79,8 @@ def train_command(
         steps=steps, batch=batch, seq_len=seq_len,
         optim=OptimConfig(lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, grad_clip=grad_clip),
         seed=seed, data=DataSpec(data, text_field, data_split), device=device, dtype=dtype, compile=compile_blocks,
-        backend=backend, dp_shard=dp_shard, tp=tp, metrics=metrics, export_hf=export_hf, check_init=check_init,
+        backend=backend, activation_checkpointing=activation_checkpointing, loss_chunk_tokens=loss_chunk_tokens,
+        dp_shard=dp_shard, tp=tp, metrics=metrics, export_hf=export_hf, check_init=check_init,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, resume=resume,
         peak_flops=peak_flops, timing_warmup_steps=timing_warmup, progress=not json_out,
     )

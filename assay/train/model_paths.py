@@ -52,6 +52,15 @@ class TrainModel:
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens: [B, T] -> [B, T, vocab]
         raise NotImplementedError
 
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens: [B, T] -> [B, T, dim]
+        """The final normalised hidden states, the output head's input (for the chunked loss)."""
+        raise NotImplementedError
+
+    def output_weight(self) -> torch.Tensor | None:
+        """The output head's weight [vocab, dim] when logits == hidden_states @ weight.T exactly (no bias,
+        no soft-capping or scaling), else None: the trainer then uses the full logits."""
+        return None
+
     def blocks(self) -> list[nn.Module]:
         raise NotImplementedError
 
@@ -84,6 +93,14 @@ class NativeModel(TrainModel):
 
     def logits(self, tokens):
         return self.model(tokens)
+
+    def hidden_states(self, tokens):
+        return self.model.hidden_states(tokens)
+
+    def output_weight(self):
+        head = getattr(self.model, "output", None)
+        plain = hasattr(self.model, "hidden_states") and isinstance(head, nn.Linear) and head.bias is None
+        return head.weight if plain else None
 
     def blocks(self):
         return self.family.blocks(self.model)
@@ -119,6 +136,19 @@ class HFModel(TrainModel):
 
     def logits(self, tokens):
         return self.model(input_ids=tokens, use_cache=False).logits
+
+    def hidden_states(self, tokens):
+        return self.model.get_decoder()(input_ids=tokens, use_cache=False).last_hidden_state
+
+    def output_weight(self):
+        head = self.model.get_output_embeddings()
+        config = self.model.config
+        # Models that scale or soft-cap their logits (Gemma, Cohere) are not a plain linear head.
+        plain = (
+            isinstance(head, nn.Linear) and head.bias is None and getattr(config, "final_logit_softcapping", None) is None
+            and getattr(config, "logit_scale", None) is None and hasattr(self.model, "get_decoder")
+        )
+        return head.weight if plain else None
 
     def blocks(self):
         return hf_blocks(self.model)

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from assay.core.device import device_name, memory_in_use_bytes, resolve_device
 from assay.core.dtypes import DTYPE_NAMES, dtype_name, torch_dtype
@@ -27,9 +26,12 @@ from assay.core.files import atomic_write_text
 from assay.core.metrics import JsonlWriter, StepTimer, lookup_peak_flops, measure_peak_flops, mfu, read_jsonl, train_flops_per_token
 from assay.train import checkpoint as checkpoints
 from assay.train import distributed
-from assay.train.data import IGNORE_INDEX, BatchSource, DataSpec, PackedBatches, load_texts, load_tokenizer, tokenize
+from assay.train.activation_checkpoint import MODES as AC_MODES
+from assay.train.activation_checkpoint import apply_activation_checkpointing, checkpoint_wrapper
+from assay.train.data import BatchSource, DataSpec, PackedBatches, load_texts, load_tokenizer, tokenize
 from assay.train.model_paths import ModelChoice, TrainModel, apply_kernel_registry, load_model
-from assay.train.optimization import OptimConfig, build_optimizer, clip_grad_norm
+from assay.train.loss import chunk_tokens_for, chunked_linear_cross_entropy, next_token_loss
+from assay.train.optimization import OptimConfig, build_optimizer, clip_grad_norm_tensor
 from assay.train.records import phase_mfu, phase_tokens_per_s, steady_records, warmup_records
 
 DTYPES = DTYPE_NAMES
@@ -69,6 +71,10 @@ class TrainRequest:
     dtype: str = "float32"
     compile: bool = False
     backend: str = "inductor"
+    activation_checkpointing: str = "none"  # none | full | selective (assay.train.activation_checkpoint)
+    # Tokens per chunk of the output-head loss (assay.train.loss): None chunks automatically when the
+    # step's float32 logits pass 256 MiB, 0 never; single-process runs (FSDP's hooks run on forward()).
+    loss_chunk_tokens: int | None = None
     dp_shard: int | None = None
     tp: int = 1
     metrics: Path | None = None
@@ -136,14 +142,6 @@ def resolve_dtype(name: str) -> torch.dtype:
     return torch_dtype(name)
 
 
-def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy over every scored position, in float32. logits: [B, T, V]; labels: [B, T].
-
-    Positions labelled IGNORE_INDEX are left out (text batches have none, so their loss is unchanged).
-    """
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-
-
 def check_init(loaded: TrainModel, inputs: torch.Tensor, labels: torch.Tensor, layout: distributed.Layout, seed: int) -> CheckInit:
     """First-step loss of the loaded weights vs a random init of the same architecture vs ln(vocab)."""
     if not loaded.has_checkpoint_weights:
@@ -192,6 +190,10 @@ def _validate(request: TrainRequest) -> None:
         raise AssayError("--resume needs --checkpoint-dir")
     if request.timing_warmup_steps < 0:
         raise AssayError("--timing-warmup must be >= 0")
+    if request.activation_checkpointing not in AC_MODES:
+        raise AssayError(f"unknown --activation-checkpointing {request.activation_checkpointing!r} (one of {', '.join(AC_MODES)})")
+    if request.loss_chunk_tokens is not None and request.loss_chunk_tokens < 0:
+        raise AssayError("--loss-chunk-tokens must be >= 0 (0: the full logits)")
 
 
 def train(request: TrainRequest) -> TrainResult:
@@ -261,13 +263,17 @@ class Trainer:
         if layout.distributed:
             loaded.parallelize(layout.mesh, tp=layout.tp > 1, dp_shard=layout.dp_shard > 1)
 
+        checkpointing = request.activation_checkpointing
         if request.compile:
             from assay.core.compiling import CompileStats, compile_modules
 
             self.compile_stats = CompileStats()
             # Per block, not the whole model: every layer reuses one graph, and FSDP's per-block
-            # hooks stay outside the compiled region.
-            compile_modules(loaded.blocks(), request.backend, self.compile_stats)
+            # hooks stay outside the compiled region. Activation checkpointing is traced inside it.
+            wrap = (lambda forward: checkpoint_wrapper(forward, checkpointing)) if checkpointing != "none" else None
+            compile_modules(loaded.blocks(), request.backend, self.compile_stats, wrap=wrap)
+        else:
+            apply_activation_checkpointing(loaded.blocks(), checkpointing)
 
         self.optimizer, self.scheduler = build_optimizer(loaded.model, request.optim, request.steps)
         self.start_step = 0
@@ -281,6 +287,10 @@ class Trainer:
             if self.start_step >= request.steps:
                 raise AssayError(f"{self.last_checkpoint} is at step {self.start_step}; --steps {request.steps} leaves nothing to train")
 
+        tokens_per_rank = request.batch // max(layout.dp_shard, 1) * request.seq_len
+        chunk = chunk_tokens_for(request.loss_chunk_tokens, tokens_per_rank, loaded.vocab_size)
+        self.head_weight = loaded.output_weight() if chunk and not layout.distributed else None
+        self.loss_chunk_tokens = chunk if self.head_weight is not None else 0
         shape = loaded.flop_shape
         self.flops_per_token = train_flops_per_token(shape.active_matmul_params, shape.n_layers, shape.attention_width, request.seq_len)
         self.peak_flops, self.peak_source = _peak_flops(request.peak_flops, self.device, self.dtype) if layout.is_main else (None, "")
@@ -293,10 +303,16 @@ class Trainer:
         loaded, layout, device = self.loaded, self.layout, self.device
         self.timer.start()
         inputs, labels = self.batches.batch_for(step)
-        loss = next_token_loss(loaded.logits(inputs.to(device)), labels.to(device))
+        inputs, labels = inputs.to(device), labels.to(device)
+        if self.loss_chunk_tokens:
+            loss = chunked_linear_cross_entropy(loaded.hidden_states(inputs), self.head_weight, labels, self.loss_chunk_tokens)
+        else:
+            loss = next_token_loss(loaded.logits(inputs), labels)
         loss.backward()
-        grad_norm = clip_grad_norm(loaded.model.parameters(), self.request.optim.grad_clip)
-        global_loss = float(distributed.mean_over_ranks(loss.detach(), layout))
+        grad_norm_t = clip_grad_norm_tensor(loaded.model.parameters(), self.request.optim.grad_clip)
+        global_loss_t = distributed.mean_over_ranks(loss.detach(), layout)
+        # One device-to-host read per step for both metrics (each float() would wait for the device).
+        global_loss, grad_norm = torch.stack([global_loss_t.float(), grad_norm_t.to(global_loss_t.device)]).tolist()
         lr = self.scheduler.get_last_lr()[0]
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             self.timer.stop()
@@ -376,6 +392,8 @@ class Trainer:
             "params_total": total_params, "active_matmul_params": loaded.flop_shape.active_matmul_params,
             "flops_per_token": self.flops_per_token, "peak_flops": self.peak_flops, "peak_flops_source": self.peak_source,
             "compile": self.compile_stats.as_dict() | {"backend": request.backend} if self.compile_stats else None,
+            "activation_checkpointing": request.activation_checkpointing, "loss_chunk_tokens": self.loss_chunk_tokens,
+            "optimizer_implementation": getattr(self.optimizer, "implementation", None),
         }
 
     def close(self) -> None:
