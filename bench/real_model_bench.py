@@ -34,7 +34,7 @@ def part_train(model: str, batch: int, seq_len: int) -> dict:
     from assay.train import TrainRequest, train
 
     check = train(TrainRequest(model=model, check_init=True, steps=0, batch=batch, seq_len=seq_len)).check_init
-    common = dict(model=model, steps=3, batch=batch, seq_len=seq_len)
+    common = dict(model=model, steps=1, batch=batch, seq_len=seq_len)
     runs = {}
     for name, extra in (("hf", dict(path="hf")), ("native", dict(path="native")),
                         ("native+kernels", dict(path="native", kernels=("rope", "attention")))):
@@ -45,7 +45,7 @@ def part_train(model: str, batch: int, seq_len: int) -> dict:
     reference = torch.tensor(runs["hf"]["losses"][:1], dtype=torch.float64)
     for run in runs.values():
         run["first_loss_rel_error_vs_hf"] = rel_error(torch.tensor(run["losses"][:1], dtype=torch.float64), reference)
-    return {"check_init": asdict(check), "batch": batch, "seq_len": seq_len, "steps": 3, "paths": runs}
+    return {"check_init": asdict(check), "batch": batch, "seq_len": seq_len, "steps": 1, "paths": runs}
 
 
 def _answers(model: str) -> list[dict]:
@@ -73,13 +73,19 @@ def _answers(model: str) -> list[dict]:
         handle.stop()
 
 
-def part_serve(model: str, mode: str, requests: int, prompt_tokens: int, max_tokens: int) -> dict:
+def part_serve(model: str, mode: str, waves: int, prompt_tokens: int, max_tokens: int) -> dict:
     from assay.serve.bench import ServeBenchRequest, plot_serve_bench, run_serve_bench
 
     answers = _answers(model)
-    request = ServeBenchRequest(model=model, arrivals="fixed", concurrency=(1, 8, 32), requests=requests,
-                                prompt_tokens=(prompt_tokens,), max_tokens=max_tokens, modes=(mode,), buckets=(1, 8, 32), max_seqs=32)
-    payload = run_serve_bench(request, progress=True).as_dict()
+    # One wave of `sequences` requests at once, `waves` times (at least 4 requests at 1 sequence): a 2-core
+    # machine decodes a 135M model at a few tokens/s per sequence, so more requests buy little precision.
+    runs = []
+    for sequences in (1, 8, 32):
+        request = ServeBenchRequest(model=model, arrivals="fixed", concurrency=(sequences,), requests=max(4, sequences * waves),
+                                    prompt_tokens=(prompt_tokens,), max_tokens=max_tokens, modes=(mode,), buckets=(sequences,),
+                                    max_seqs=sequences)
+        runs += run_serve_bench(request, progress=True).as_dict()["runs"]
+    payload = {"runs": runs}
     rows = []
     for run in payload["runs"]:
         memory = run["stats"]["memory"]
@@ -112,7 +118,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--serve-mode", default="eager", help="buckets (inductor, compiled at warm-up) or eager")
-    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency")
+    parser.add_argument("--waves", type=int, default=1, help="batches of requests per concurrency")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--needle-trials", type=int, default=4)
@@ -134,7 +140,7 @@ def main() -> None:
             print_key_values({k: v for k, v in data["check_init"].items()}, title="check-init")
             print_table([{"path": name} | run for name, run in data["paths"].items()], ["path", "losses", "first_loss_rel_error_vs_hf", "wall_s"])
         elif part == "serve":
-            data = part_serve(model, args.serve_mode, args.requests, args.prompt_tokens, args.max_tokens)
+            data = part_serve(model, args.serve_mode, args.waves, args.prompt_tokens, args.max_tokens)
             print_table(data["answers"], ["prompt", "text", "streamed_equal"])
             print_table(data["throughput"], ["sequences", "mode", "tokens_per_s", "tpot_p50_s", "kv_bytes_per_sequence", "kv_positions"])
         else:
