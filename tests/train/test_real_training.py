@@ -21,7 +21,7 @@ from assay.train import TrainRequest, train
 pytestmark = pytest.mark.slow
 
 # One short batch keeps a 135M-parameter step near a second on two cores.
-STEP = dict(batch=1, seq_len=64)
+STEP = dict(batch=2, seq_len=64)
 
 
 def test_check_init_tells_the_real_weights_from_random_ones(real_model_dir):
@@ -37,7 +37,7 @@ def test_check_init_tells_the_real_weights_from_random_ones(real_model_dir):
 def test_hf_native_and_kernels_start_at_one_loss_and_the_export_stays_tied(real_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    common = dict(model=str(real_model_dir), steps=1, **STEP)
+    common = dict(model=str(real_model_dir), steps=2, **STEP)
     hf = train(TrainRequest(path="hf", **common))
     native = train(TrainRequest(path="native", export_hf=tmp_path / "export", **common))
     kernels = train(TrainRequest(path="native", kernels=("rope", "attention"), **common))
