@@ -205,6 +205,23 @@ def total_memory_bytes(device: torch.device | str) -> int:
     raise AssayError(f"cannot read the memory of a {device.type} device; pass --device-memory")
 
 
+def free_memory_bytes(device: torch.device | str) -> int | None:
+    """Memory a new allocation can take now (host RAM available on CPU, the allocator's free bytes on a
+    device); None where the device type cannot tell. For sizing what is allocated whole at start-up."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    mem_get_info = getattr(device_module(device.type), "mem_get_info", None)
+    if mem_get_info is None:
+        return None
+    try:
+        return int(mem_get_info(device)[0])
+    except (RuntimeError, TypeError):
+        return None
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     type: str

@@ -23,13 +23,13 @@ import random
 import threading
 import types
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
 from assay.core.compiling import CompileStats, compile_fn, watch
-from assay.core.device import resolve_backend, resolve_device, synchronize
+from assay.core.device import free_memory_bytes, resolve_backend, resolve_device, synchronize
 from assay.core.errors import AssayError
 from assay.core.numerics import max_abs_diff, rel_error
 from assay.serve.accounting import EagerCheck, EngineStats, EngineTotals, MemoryFacts, StepRecord, now
@@ -49,7 +49,8 @@ class EngineConfig:
     max_waiting: int = 256  # bounded queue of requests not yet in a slot
     max_prompt_tokens: int = 8192
     max_new_tokens: int = 4096  # upper limit for a request's max_tokens
-    # A KV-cache model's slot holds max_len positions; default max_prompt_tokens + max_new_tokens.
+    # A KV-cache model's slot holds max_len positions. None: max_prompt_tokens + max_new_tokens, and from a
+    # checkpoint (Engine.from_checkpoint) no more than the model's positions and what fits in memory.
     max_len: int | None = None
     # Also run the eager model on each compiled decode step's exact inputs and record the logit difference.
     check_eager: bool = False
@@ -107,6 +108,54 @@ class _Request:
     generated: list[int] = field(default_factory=list)
 
 
+# The static pool is allocated (and zeroed) whole at start-up. Without --max-len it may take this share of
+# the memory free then; the rest stays for activations, the compiler and other processes on the machine.
+POOL_MEMORY_SHARE = 0.5
+SLOT_LEN_GRAIN = 256  # a fitted slot length is rounded down to a multiple of this
+
+
+def checkpoint_positions(path: str | os.PathLike) -> int | None:
+    """The longest sequence the checkpoint's config says the model holds (its max_position_embeddings)."""
+    from assay.models import registry
+    from assay.models.hf_checkpoint import checkpoint_dir, read_hf_config
+
+    config = read_hf_config(checkpoint_dir(path))
+    spec = registry.find(config.get("model_type"))
+    positions = getattr(spec.args_from_hf(config), "max_seq_len", None) if spec is not None else None
+    return int(positions) if positions else None
+
+
+def fitted_slot_len(adapter: ModelAdapter, config: EngineConfig, device: torch.device) -> int:
+    """The KV slot length without --max-len: config.slot_len() (already capped at the model's positions),
+    shortened to what max_seqs + 1 slots can hold in POOL_MEMORY_SHARE of the free memory."""
+    wanted = min(config.slot_len(), adapter.max_positions() or config.slot_len())
+    free = free_memory_bytes(device)
+    if free is None:
+        return wanted
+    per_position = adapter.state_bytes_per_sequence(state_dtype(config.state_dtype), 1)
+    fits = int(POOL_MEMORY_SHARE * free) // ((config.max_seqs + 1) * per_position)
+    if fits >= wanted:
+        return wanted
+    fitted = fits // SLOT_LEN_GRAIN * SLOT_LEN_GRAIN
+    if fitted < SLOT_LEN_GRAIN:
+        raise AssayError(
+            f"{config.max_seqs} slots of a KV cache ({per_position} bytes per position each) leave under {SLOT_LEN_GRAIN} positions "
+            f"per slot in half of the {free / 2**30:.1f} GiB free: lower --max-seqs"
+        )
+    return fitted
+
+
+def _check_pool_fits(adapter: ModelAdapter, config: EngineConfig, dtype: torch.dtype, max_len: int, device: torch.device) -> None:
+    """A pool larger than the free memory fails here with its size, not later as an out-of-memory kill."""
+    free = free_memory_bytes(device)
+    need = adapter.state_bytes_per_sequence(dtype, max_len) * (config.max_seqs + 1)
+    if free is not None and need > free:
+        raise AssayError(
+            f"the slot pool needs {need / 2**30:.1f} GiB ({config.max_seqs} slots + 1 scratch x {max_len} positions) but "
+            f"{device.type} has {free / 2**30:.1f} GiB free: lower --max-seqs or --max-len"
+        )
+
+
 def _fresh_function(fn):
     """A copy of `fn` with its own code object. Dynamo keeps compiled graphs per code object, so each
     engine gets its own cache: its compile count starts at zero and two engines in one process (tests,
@@ -130,6 +179,7 @@ class Engine:
         self._tokenizer = None
         dtype = state_dtype(config.state_dtype)
         max_len = config.slot_len()
+        _check_pool_fits(adapter, config, dtype, max_len, self.device)
         self.pool = SlotPool(adapter.pool_buffers(config.max_seqs + 1, dtype, max_len), config.max_seqs)
         self._max_len = max_len if adapter.uses_max_len() else None
 
@@ -172,7 +222,14 @@ class Engine:
         """GLA or Qwen3, by config.json's model_type; the checkpoint's own tokenizer."""
         config.validate()
         device = resolve_device(config.device)
-        adapter = load_adapter(path, device, config.slot_len())
+        if config.max_len is not None:
+            adapter = load_adapter(path, device, config.max_len)
+        else:
+            # No --max-len: a slot reaches prompt + new tokens, but not past the positions the model was
+            # trained for (its rotary table would be extended silently) nor past what the memory holds.
+            adapter = load_adapter(path, device, min(config.slot_len(), checkpoint_positions(path) or config.slot_len()))
+            if adapter.uses_max_len():
+                config = replace(config, max_len=fitted_slot_len(adapter, config, device))
         from assay.models.hf_checkpoint import checkpoint_dir
 
         return cls(adapter, config, tokenizer_dir=checkpoint_dir(path))

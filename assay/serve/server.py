@@ -92,8 +92,9 @@ def serve(request: ServeRequest, announce=print) -> None:
     server = uvicorn_server(app)
     # The socket listens already: a client that connects before uvicorn's loop runs waits in the backlog.
     stats = engine.stats()
+    slots = f"{config.max_seqs} slots" + (f" of {stats.memory.max_len} positions" if stats.memory.max_len else "")
     announce(
-        f"serving {model_name} ({stats.model_type}, {config.mode}, {config.max_seqs} slots, "
+        f"serving {model_name} ({stats.model_type}, {config.mode}, {slots}, "
         f"{stats.warmup_compiles} widths compiled in {stats.warmup_s:.1f} s) at {server_url(sock)}"
     )
     try:

@@ -303,3 +303,21 @@ def test_a_prefill_budget_spreads_admissions_over_steps_and_never_starves_a_long
         step()
     assert engine.free_slots == 4 and tokens["long"] == _alone(gla.model, list(range(10, 30)), 2)
     assert all(tokens[f"short{i}"] == _alone(gla.model, [5, 6, 7, 8], 6) for i in range(3))
+
+
+def test_without_max_len_a_kv_slot_stops_at_the_model_positions_and_fits_the_free_memory(zoo_dir, monkeypatch):
+    # Defaults ask for 8,192 + 4,096 positions per slot: past the zoo Llama's 2,048 (its rotary table would
+    # be stretched), and for a real model's 64 slots more memory than a machine has.
+    config = EngineConfig(max_seqs=2, buckets=(1, 2), eager=True)
+    engine = Engine.from_checkpoint(zoo_dir / "llama", config)
+    assert engine.stats().memory.max_len == engine.adapter.max_positions() == 2048
+    per_position = engine.adapter.state_bytes_per_sequence(torch.float32, 1)
+    # The machine's free-memory reading set so that half of it holds 3 slots (2 + scratch) of 600 positions.
+    monkeypatch.setattr("assay.serve.engine.free_memory_bytes", lambda device: 2 * 3 * 600 * per_position)
+    assert Engine.from_checkpoint(zoo_dir / "llama", config).stats().memory.max_len == 512  # rounded down to 256s
+    monkeypatch.setattr("assay.serve.engine.free_memory_bytes", lambda device: 2 * 3 * 100 * per_position)
+    with pytest.raises(AssayError, match="lower --max-seqs"):
+        Engine.from_checkpoint(zoo_dir / "llama", config)
+    # An explicit --max-len is kept, and refused with its size when the pool cannot fit at all.
+    with pytest.raises(AssayError, match=r"the slot pool needs .* GiB \(2 slots \+ 1 scratch x 1024 positions\)"):
+        Engine.from_checkpoint(zoo_dir / "llama", EngineConfig(max_seqs=2, buckets=(1, 2), eager=True, max_len=1024))
