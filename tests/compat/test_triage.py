@@ -181,3 +181,21 @@ def test_triage_refuses_a_row_it_cannot_help_with(tmp_path, assay_cli):
     assert bad_after.returncode == 2 and "--after" in bad_after.stderr
     [row] = query(tmp_path)
     assert row["repro_py"] is None and row["triage_reason"] is None  # nothing written
+
+
+@pytest.mark.slow
+def test_triage_of_a_crashing_compiler_keeps_a_repro_that_crashes_alone(zoo_dir, tmp_path, assay_cli):
+    # test_segfault dereferences NULL inside the compiler: the probe's own process dies of SIGSEGV (CRASH).
+    out = tmp_path / "results"
+    probe = assay_cli("probe", str(zoo_dir / "llama"), "--backend", "test_segfault", "--new-tokens", "2", "--no-reference-cache",
+                      "--timeout", "300", "--out", str(out), env=PLUGIN_ENV)  # --timeout: its own process
+    [row] = query(out)
+    assert row["status"] == "CRASH", (probe.returncode, row["status"], row["reason"])
+    result = assay_cli("triage", str(out), "--model", "assay-zoo/llama", "--budget", "300", "--json", env=PLUGIN_ENV)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["status"] == "CRASH" and shown["repro_verified"] is True, shown["triage_reason"]
+    [row] = query(out)
+    assert row["repro_py"] and row["repro_lines"] == len(row["repro_py"].splitlines())
+    alone = _run_repro(row["repro_py"], tmp_path / "alone")
+    assert alone.returncode < 0, (alone.returncode, alone.stderr[-500:])  # killed by a signal, as the probe was
