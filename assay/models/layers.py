@@ -297,6 +297,10 @@ class GroupedExperts(nn.Module):
             # Plain tensors only: a tensor-parallel shard (a tensor subclass) keeps the per-expert loop.
             and all(type(w) in (torch.Tensor, nn.Parameter) and w.dtype == x.dtype for w in weights)
             and (x.shape[-1] * x.element_size()) % 16 == 0 and (self.w1.shape[1] * x.element_size()) % 16 == 0
+            # Under torch.compile, torch 2.13's fake-tensor rule for _grouped_mm accepts only bfloat16
+            # ("Expected inputs of BF16 type"), although the CPU kernel runs float32: compiled float32
+            # keeps the loop (and its graph break at the host read).
+            and (x.dtype == torch.bfloat16 or not torch.compiler.is_compiling())
             and grouped_mm_runs(x.device.type, x.dtype)
         )
 
