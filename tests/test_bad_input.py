@@ -83,6 +83,7 @@ def cases(*rows):
 # ------------------------------------------------------------------ 1. a corrupt Parquet file in a results folder
 
 
+@pytest.mark.slow
 @cases(
     ("results", ["results", "{corrupt}"], "is not a readable results file"),
     ("results-json", ["results", "{corrupt}", "--json"], "cpu-eager-test-00000000.parquet"),
@@ -114,6 +115,7 @@ def test_failed_export_leaves_the_previous_export_untouched(inputs, tmp_path):
 # ------------------------------------------------------------------ 2. a checkpoint without tokenizer files
 
 
+@pytest.mark.slow
 @cases(
     ("serve", ["serve", "--model", "{no_tokenizer}", "--port", "0"], "has no tokenizer"),
     ("probe", ["probe", "{no_tokenizer}", "--backend", "eager", "--out", "{tmp}/results"], "has no tokenizer"),
@@ -141,6 +143,7 @@ def test_broken_checkpoint_is_bad_input_outside_the_probe(inputs, tmp_path, args
     assert_bad_input(inputs, tmp_path, args, fragment)
 
 
+@pytest.mark.slow
 def test_config_not_json_is_a_fail_load_row_and_strict_exits_1(inputs, tmp_path):
     # A broken model is a result (docs/errors.md): recorded, not refused.
     result = run_assay("probe", str(inputs["config_not_json"]), "--backend", "eager", "--out", str(tmp_path / "r"), "--strict", "--json")
@@ -154,6 +157,7 @@ def test_config_not_json_is_a_fail_load_row_and_strict_exits_1(inputs, tmp_path)
 # ------------------------------------------------------------------ 4. probe and sweep check everything before --out exists
 
 
+@pytest.mark.slow
 @cases(
     ("probe-no-such-path", ["probe", "{tmp}/nowhere", "--out", "{tmp}/results"], "is not a checkpoint"),
     ("probe-a-file", ["probe", "{a_file}", "--out", "{tmp}/results"], "is not a checkpoint"),
@@ -210,6 +214,7 @@ def test_output_targets_are_checked_first(inputs, tmp_path, args, fragment):
 # ------------------------------------------------------------------ 7. a damaged copy of a zoo checkpoint
 
 
+@pytest.mark.slow
 def test_damaged_zoo_copy_does_not_take_the_real_models_name(inputs, tmp_path):
     from assay.zoo.identity import zoo_identity
 

@@ -5,6 +5,8 @@ Gradio's table cells are virtualised: rows are waited for as attached, not visib
 
 from __future__ import annotations
 
+import pytest
+
 from app.builders import GPU, NEW, OLD, REPRO_PY, XSS_ERROR, XSS_MODEL, XSS_RUN_PY
 
 TIMEOUT_MS = 20_000
@@ -53,6 +55,7 @@ def _open(page, url: str) -> None:
     _listing_has(page, "Qwen/Qwen3-0.6B")
 
 
+@pytest.mark.slow
 def test_search_filter_open_a_model_and_compare_two_stacks(served_app, page, tmp_path):
     _open(page, served_app)
     # Selected view: the catalog's picks, an untested one as "not tested", the skipped one as "skipped".
@@ -108,6 +111,7 @@ def test_search_filter_open_a_model_and_compare_two_stacks(served_app, page, tmp
     page.screenshot(path=tmp_path / "compare.png", full_page=True)
 
 
+@pytest.mark.slow
 def test_a_planted_script_in_a_result_stays_text(served_app, page):
     _open(page, served_app)
     page.locator("#view").get_by_text("All results", exact=True).click()
@@ -139,6 +143,7 @@ def _paste(page, elem_id: str, text: str) -> None:
     page.wait_for_function("([el, text]) => el.value === text", arg=[box.element_handle(), text], timeout=TIMEOUT_MS)
 
 
+@pytest.mark.slow
 def test_pasting_or_cutting_the_search_text_filters_like_typing_it(served_app, page):
     _open(page, served_app)
     _paste(page, "search", "gpt2")
@@ -157,6 +162,7 @@ def _cell_style(page, table: str, text: str) -> str:
     return cell.evaluate("el => getComputedStyle(el).backgroundColor")
 
 
+@pytest.mark.slow
 def test_statuses_are_coloured_and_keep_their_text(served_app, page):
     _open(page, served_app)
     page.locator("#view").get_by_text("All results", exact=True).click()
@@ -168,6 +174,7 @@ def test_statuses_are_coloured_and_keep_their_text(served_app, page):
     assert _cell_style(page, "listing", "not tested") == "rgb(229, 231, 235)"
 
 
+@pytest.mark.slow
 def test_a_link_opens_the_model_page_on_the_stack_it_names(served_app, page):
     page.goto(f"{served_app}?model=Qwen/Qwen3-0.6B&stack={NEW}")
     stacks = page.locator("#model-stacks")
@@ -184,6 +191,7 @@ def test_a_link_opens_the_model_page_on_the_stack_it_names(served_app, page):
     _wait_value(page, page.locator("#result-line textarea, #result-line input").first, "FAIL_RUN")
 
 
+@pytest.mark.slow
 def test_a_link_sets_the_listing_filters_and_names_what_it_could_not_use(served_app, page):
     page.goto(f"{served_app}?view=All%20results&status=fail_run&q=qwen&device=tpu")
     text = _wait_listing(page, lambda t: "assay-zoo/qwen3" in t and "assay-zoo/llama" not in t and "PASS" not in t,
@@ -194,6 +202,7 @@ def test_a_link_sets_the_listing_filters_and_names_what_it_could_not_use(served_
     assert page.locator("#view-link-a").get_attribute("href") == "?view=All%20results&q=qwen&status=FAIL_RUN"
 
 
+@pytest.mark.slow
 def test_a_triaged_failure_shows_its_repro_with_copy_and_download_and_the_drift_is_charted(served_app, page):
     page.goto(f"{served_app}?model=assay-zoo/mistral&stack={NEW}")
     _wait_value(page, page.locator("#result-line textarea, #result-line input").first, "FAIL_COMPILE")

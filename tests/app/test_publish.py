@@ -3,6 +3,8 @@ and that assay reads back through the same reader as a results folder."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -89,6 +91,7 @@ def test_the_card_says_what_a_row_means_the_schema_version_and_each_stacks_versi
     assert '"transformers": "5.25.0"' in body and f"<summary><code>{GPU}</code></summary>" in body
 
 
+@pytest.mark.slow
 def test_the_app_reads_a_published_folder_and_a_snapshot_of_it_like_the_results(tmp_path, assay_cli):
     results = _results(tmp_path)
     out = tmp_path / "dataset"
@@ -144,6 +147,7 @@ def test_publishing_again_replaces_the_folder_and_drops_a_removed_stack(tmp_path
     assert _left_behind(tmp_path) == []  # the staging and the retired folder are gone
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, assay_cli):
     results = _results(tmp_path)
     out = tmp_path / "dataset"

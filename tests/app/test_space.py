@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -28,6 +30,7 @@ def _front_matter(readme: str) -> dict[str, str]:
     return dict(line.split(": ", 1) for line in head.strip().splitlines())
 
 
+@pytest.mark.slow
 def test_the_exported_space_runs_as_is_offline_from_its_own_copy_of_the_app(tmp_path, assay_cli):
     results = tmp_path / "results"
     write_rows(results, mixed_rows())

@@ -43,6 +43,7 @@ def gguf_inputs(tmp_path_factory) -> dict[str, Path]:
     return made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     pytest.param(["convert", "gguf", "{text}", "{tmp}/out"], "is not a GGUF file", id="not-gguf"),
     pytest.param(["convert", "gguf", "{foreign}", "{tmp}/out"], "architecture nosucharch is not supported", id="unsupported-architecture"),

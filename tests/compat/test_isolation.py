@@ -4,6 +4,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends in this process too)
@@ -22,6 +23,7 @@ def _plan(zoo_dir, backend="eager"):
     return plan_probe(ProbeRequest(str(zoo_dir / "qwen3"), backend=backend, new_tokens=2))
 
 
+@pytest.mark.slow
 def test_hang_is_killed_and_recorded_timeout(zoo_dir):
     row = run_isolated(_plan(zoo_dir, "test_hang"), timeout=20, env=_env())
     assert row["status"] == "TIMEOUT" and "20 s" in row["reason"]
@@ -29,11 +31,13 @@ def test_hang_is_killed_and_recorded_timeout(zoo_dir):
     assert 20 <= row["total_s"] < 60
 
 
+@pytest.mark.slow
 def test_segfault_is_recorded_crash_with_the_signal(zoo_dir):
     row = run_isolated(_plan(zoo_dir, "test_segfault"), timeout=120, env=_env())
     assert row["status"] == "CRASH" and "SIGSEGV" in row["reason"]
 
 
+@pytest.mark.slow
 def test_memory_hog_under_a_limit_is_recorded_oom(zoo_dir):
     # 3 GiB of address space: torch, transformers and the model fit; the compiler's hoard does not.
     row = run_isolated(_plan(zoo_dir, "test_memory_hog"), timeout=120, memory_limit_bytes=3 * 2**30, env=_env())
@@ -54,6 +58,7 @@ def test_real_allocation_failure_classifies_as_oom():
         raise AssertionError("a 1 PiB allocation succeeded")
 
 
+@pytest.mark.slow
 def test_isolated_probe_through_the_cli_passes(zoo_dir, tmp_path, assay_cli):
     result = assay_cli("probe", str(zoo_dir / "gpt2"), "--backend", "aot_eager", "--new-tokens", "6", "--timeout", "300", "--out", str(tmp_path), "--json")
     assert result.returncode == 0, result.stderr

@@ -11,6 +11,7 @@ from assay.zoo import ZOO
 import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(name for name, entry in ZOO.items() if entry.transformers_native))
 def test_zoo_model_passes_under_aot_eager(zoo_dir, name):
     row = probe(ProbeRequest(str(zoo_dir / name), backend="aot_eager", new_tokens=12))
@@ -92,6 +93,7 @@ def test_unknown_architecture_is_fail_load(zoo_dir, tmp_path):
     assert "my_private_arch" in row["reason"] + row["error"]
 
 
+@pytest.mark.slow
 def test_gla_loads_through_assays_registration_and_its_run_py_reproduces(zoo_dir, tmp_path, assay_cli):
     # zoo/gla is in fla's GLA layout (model_type "gla"), which Transformers does not implement: `import
     # assay` registers assay's GLA with its Auto classes, in the probe's own process (a CLI subprocess here).
@@ -120,6 +122,7 @@ def test_a_transformers_model_records_a_static_kv_cache_and_no_model_code(zoo_di
     assert "import assay" not in row["run_py"]
 
 
+@pytest.mark.slow
 def test_deliberate_skip_is_recorded_and_not_a_failure(zoo_dir, tmp_path, assay_cli):
     result = assay_cli("probe", str(zoo_dir / "gpt2"), "--skip", "low priority", "--out", str(tmp_path), "--strict", "--json")
     assert result.returncode == 0, result.stderr
@@ -128,6 +131,7 @@ def test_deliberate_skip_is_recorded_and_not_a_failure(zoo_dir, tmp_path, assay_
     assert "0/0 PASS" in listing.stdout and "low priority" in listing.stdout
 
 
+@pytest.mark.slow
 def test_strict_exits_1_on_a_failed_probe(zoo_dir, tmp_path, assay_cli):
     broken = _copy_checkpoint(zoo_dir / "gpt2", tmp_path / "broken")
     (broken / "model.safetensors").write_bytes(b"not safetensors")
@@ -143,6 +147,7 @@ def test_image_text_model_gets_image_and_prompt(zoo_dir):
     assert row["prompt_tokens"] > 16
 
 
+@pytest.mark.slow
 def test_many_probes_in_one_process_each_compile(zoo_dir):
     # Every Transformers model shares dynamo's cache entries for generate's code objects: without a
     # reset between probes, later models would add recompiles to the earlier ones' until the limit.
@@ -151,6 +156,7 @@ def test_many_probes_in_one_process_each_compile(zoo_dir):
         assert row["status"] == "PASS" and row["graphs"] >= 1, (name, row["reason"])
 
 
+@pytest.mark.slow
 def test_sliding_window_static_cache_compiles_without_a_recompile_per_step(zoo_dir):
     # mistral's sliding-window static cache counts its length in a Python int; before the recipe marked
     # it dynamic, each of the 32 steps recompiled until the limit (8 graphs) and the rest ran eager.
@@ -159,6 +165,7 @@ def test_sliding_window_static_cache_compiles_without_a_recompile_per_step(zoo_d
     assert row["graphs"] <= 2 and row["recompiles"] <= 1, (row["graphs"], row["recompiles"])
 
 
+@pytest.mark.slow
 def test_reaching_the_recompile_limit_is_a_compile_failure(zoo_dir, monkeypatch):
     from assay.compat import recipe
 

@@ -42,6 +42,7 @@ def test_second_probe_takes_the_reference_from_the_cache_with_phases(zoo_dir, tm
         assert row["reference_s"] > 0 and row["total_s"] >= row["load_s"] + row["compile_s"] + row["generate_s"]
 
 
+@pytest.mark.slow
 def test_the_cached_reference_is_what_the_tokens_are_compared_with(zoo_dir, tmp_path):
     cache = ReferenceCache(tmp_path / "refs")
     request = _request(zoo_dir, cache.root)
@@ -146,6 +147,7 @@ def test_concurrent_writers_leave_a_whole_entry_at_every_moment(tmp_path):
     assert not list(cache.root.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_cli_flags_choose_the_folder_and_exclude_each_other(zoo_dir, tmp_path, assay_cli):
     refs = tmp_path / "refs"
     result = assay_cli("probe", str(zoo_dir / "gpt2"), "--backend", "eager", "--new-tokens", "3", "--out", str(tmp_path / "r"),

@@ -2,10 +2,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from assay.compat.dataset import query
 from assay.compat.probe import ProbeRequest, probe_and_record
 
 
+@pytest.mark.slow
 def test_stored_run_py_reproduces_the_tokens_without_assay(zoo_dir, tmp_path):
     row = probe_and_record(ProbeRequest(str(zoo_dir / "qwen3"), backend="aot_eager", new_tokens=10), tmp_path / "results")
     assert row["status"] == "PASS"
@@ -20,6 +23,7 @@ def test_stored_run_py_reproduces_the_tokens_without_assay(zoo_dir, tmp_path):
     assert printed["tokens"] == list(stored["generated_tokens"])
 
 
+@pytest.mark.slow
 def test_image_text_run_py_reproduces_the_tokens(zoo_dir, tmp_path):
     row = probe_and_record(ProbeRequest(str(zoo_dir / "gemma3-vision"), backend="eager", new_tokens=6), tmp_path / "results")
     assert row["status"] == "PASS", row["error"]

@@ -39,6 +39,7 @@ def test_sweep_puts_a_model_on_the_fewest_devices_that_hold_it(zoo_dir, tmp_path
     assert row["num_devices"] == 2 and row["status"] == "PASS", row["reason"]
 
 
+@pytest.mark.slow
 def test_model_without_a_parallel_plan_cannot_be_sharded(zoo_dir, tmp_path, assay_cli):
     result = assay_cli("probe", str(zoo_dir / "gpt2"), "--devices", "2", "--out", str(tmp_path))
     assert result.returncode == 2

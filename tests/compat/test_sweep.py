@@ -23,6 +23,7 @@ def _sweep(assay_cli, *args, env=None):
     return assay_cli("sweep", *args, "--json", env=env, timeout=900)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "backend, timeout, limit, status, reason",
     [
@@ -46,6 +47,7 @@ def test_misbehaving_probe_is_recorded_and_the_sweep_goes_on(zoo_dir, tmp_path, 
         assert row["run_py"] and row["stack_id"]
 
 
+@pytest.mark.slow
 def test_rerun_skips_recorded_models_and_force_redoes_them(zoo_dir, tmp_path, assay_cli):
     args = [str(zoo_dir / "llama"), str(zoo_dir / "gpt2"), "--backend", "eager", "--new-tokens", "4", "--out", str(tmp_path)]
     first = json.loads(_sweep(assay_cli, *args).stdout)
@@ -57,6 +59,7 @@ def test_rerun_skips_recorded_models_and_force_redoes_them(zoo_dir, tmp_path, as
     assert len(query(tmp_path)) == 2
 
 
+@pytest.mark.slow
 def test_sigkill_mid_sweep_then_rerun_loses_and_duplicates_nothing(zoo_dir, tmp_path):
     models = [str(zoo_dir / name) for name in ("llama", "gpt2", "qwen2", "opt")]
     command = [sys.executable, "-m", "assay", "sweep", *models, "--backend", "eager", "--new-tokens", "4", "--out", str(tmp_path), "--json"]
@@ -89,6 +92,7 @@ def test_shards_partition_the_list_whatever_its_order():
     assert shard_models(list(reversed(models)), (2, 4)) == list(reversed(shards[1]))
 
 
+@pytest.mark.slow
 def test_results_of_two_machines_merge_without_duplicates(zoo_dir, tmp_path, assay_cli):
     models = ["llama", "gpt2", "qwen2"]
     listing = tmp_path / "models.txt"

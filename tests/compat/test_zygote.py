@@ -30,6 +30,7 @@ def _run(zygote, tmp_path, behaviour, timeout=120, env=None, memory_limit=None):
     return pid, returncode, timed_out, out, stderr.read_text() if stderr.exists() else ""
 
 
+@pytest.mark.slow
 def test_child_is_its_own_session_with_its_env_threads_and_no_import_cost(zygote, tmp_path):
     pid, returncode, timed_out, out, stderr = _run(zygote, tmp_path, "describe", env={"OMP_NUM_THREADS": "1", "ASSAY_TEST_MARKER": "m1"})
     assert (returncode, timed_out) == (0, False)
@@ -54,6 +55,7 @@ def test_segfault_is_reported_as_the_signal(zygote, tmp_path):
     assert returncode == -signal.SIGSEGV and not timed_out
 
 
+@pytest.mark.slow
 def test_hang_is_killed_at_the_timeout_with_its_group(zygote, tmp_path):
     started = time.monotonic()
     pid, returncode, timed_out, _, _ = _run(zygote, tmp_path, "hang", timeout=3)
@@ -75,6 +77,7 @@ def test_exception_and_exit_code_come_back(zygote, tmp_path):
     assert returncode == 3
 
 
+@pytest.mark.slow
 def test_closing_the_zygote_kills_its_running_children(tmp_path):
     handle = Zygote(env={"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")})
     pid = handle.spawn(MODULE, ["hang", str(tmp_path / "pid")], tmp_path / "stderr")
@@ -87,6 +90,7 @@ def test_closing_the_zygote_kills_its_running_children(tmp_path):
         os.killpg(pid, 0)
 
 
+@pytest.mark.slow
 def test_sweep_with_fresh_interpreters_records_the_same_rows(zoo_dir, tmp_path, assay_cli):
     args = [str(zoo_dir / "gpt2"), "--backend", "eager", "--new-tokens", "4", "--json"]
     forked = json.loads(assay_cli("sweep", *args, "--out", str(tmp_path / "forked")).stdout)

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import torch
 import transformers
 
@@ -18,6 +19,7 @@ def test_stack_id_changes_with_the_backend_and_its_compiler():
     assert "torch" in collect_stack("cpu", "inductor").compiler  # inductor's compiler is torch (+ triton)
 
 
+@pytest.mark.slow
 def test_stack_json_lists_versions_device_and_os(assay_cli):
     result = assay_cli("stack", "--json", "--backend", "aot_eager")
     assert result.returncode == 0, result.stderr

@@ -3,6 +3,8 @@ CLI stays light (`assay --help` imports no torch; `assay stack` imports no syste
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -49,6 +51,7 @@ def test_assay_help_imports_no_torch():
     assert not {"torch", "numpy", "transformers", "pyarrow", "fastapi"} & modules, "assay --help imported a heavy library"
 
 
+@pytest.mark.slow
 def test_assay_stack_imports_no_system_and_no_transformers():
     modules = _imports_of("stack", "--json", "--backend", "aot_eager")
     assert "transformers" not in modules

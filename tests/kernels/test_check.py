@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 from dataclasses import replace
@@ -89,6 +91,7 @@ def test_cli_check_json_and_exit_code(assay_cli):
     assert report["float32_max_abs_vs_torch"] == {"rope": 0.0, "attention": 0.0}
 
 
+@pytest.mark.slow
 def test_cli_check_table_and_unknown_kernel(assay_cli):
     result = assay_cli("kernels", "check", "--kernels", "rope")
     assert result.returncode == 0
@@ -108,6 +111,7 @@ def test_bench_reports_medians_and_ratios_for_forward_and_backward():
         assert row.impl == "grouped_mm"
 
 
+@pytest.mark.slow
 def test_cli_bench_writes_json(assay_cli, tmp_path):
     out = tmp_path / "kernels.json"
     result = assay_cli("kernels", "bench", "--kernels", "rope", "--repeats", "1", "--warmup", "0", "--out", str(out), "--json")

@@ -34,6 +34,7 @@ def train_losses(model: torch.nn.Module, vocab_size: int, steps: int = STEPS) ->
     return losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flavour, names, dtype",
     [
@@ -70,6 +71,7 @@ def _train_cli(assay_cli, checkpoint, tmp_path, name: str, *extra: str):
     return result, [record["loss"] for record in read_jsonl(metrics)]
 
 
+@pytest.mark.slow
 def test_assay_train_with_rope_logs_one_replacement_per_layer_and_matches_losses(zoo_dir, tmp_path, assay_cli):
     checkpoint = zoo_dir / "qwen3"
     n_layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
@@ -82,6 +84,7 @@ def test_assay_train_with_rope_logs_one_replacement_per_layer_and_matches_losses
     assert compare("train_loss", torch.tensor(with_rope), torch.tensor(plain), torch.float32).ok, (with_rope, plain)
 
 
+@pytest.mark.slow
 def test_assay_train_kernels_dry_run_with_a_filter_on_the_moe_checkpoint(zoo_dir, assay_cli):
     result = assay_cli(
         "train", "--model", str(zoo_dir / "qwen3-moe"), "--path", "native", "--kernels", "rope,grouped_experts",
@@ -96,6 +99,7 @@ def test_assay_train_kernels_dry_run_with_a_filter_on_the_moe_checkpoint(zoo_dir
     ]
 
 
+@pytest.mark.slow
 def test_assay_train_kernel_filter_matching_nothing_is_a_usage_error(zoo_dir, assay_cli):
     result = assay_cli("train", "--model", str(zoo_dir / "qwen3"), "--path", "native", "--kernels", "rope", "--kernels-filter", "layers.99.*")
     assert result.returncode == 2

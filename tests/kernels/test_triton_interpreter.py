@@ -8,6 +8,8 @@ executes every program of the grid in NumPy.
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -38,6 +40,7 @@ def _interpreted(args: list[str], timeout: float = 900) -> subprocess.CompletedP
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_triton_kernels_match_float64_references_forward_and_backward():
     result = _interpreted([sys.executable, "-c", SCRIPT])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -54,6 +57,7 @@ def test_triton_kernels_match_float64_references_forward_and_backward():
             assert row["rel"] <= row["reference_rel"] * 1.25, row
 
 
+@pytest.mark.slow
 def test_cli_check_with_triton_forced_on_cpu_runs_the_interpreter():
     # The command sets TRITON_INTERPRET=1 itself for --impl triton on cpu.
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}

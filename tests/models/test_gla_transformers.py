@@ -23,6 +23,7 @@ def _run(code: str) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_import_assay_registers_gla_lazily_in_a_fresh_process(zoo_dir):
     result = _run(f"""
 import json, sys
@@ -36,6 +37,7 @@ print(json.dumps({{"light": light, "config": type(config).__name__, "model": typ
     assert result == {"light": True, "config": "GLAConfig", "model": "assay.models.gla.hf_model.GLAForCausalLM"}
 
 
+@pytest.mark.slow
 def test_transformers_imported_before_assay_still_gets_gla(zoo_dir):
     result = _run(f"""
 import json

@@ -95,6 +95,7 @@ def test_configs_it_cannot_run_are_refused_with_the_reason():
 # ---------------------------------------------------------------- through the trainer (the zoo's tied Llama)
 
 
+@pytest.mark.slow
 def test_native_and_native_with_kernels_start_at_the_hf_paths_loss(zoo_dir):
     from assay.train import TrainRequest, train
 

@@ -9,6 +9,7 @@ import pytest
 from assay.recall.train import SCHEMA
 
 
+@pytest.mark.slow
 def test_train_writes_results_checkpoints_and_plot(recall_run):
     data = json.loads((recall_run / "results.json").read_text())
     assert data["schema"] == SCHEMA
@@ -27,6 +28,7 @@ def test_train_writes_results_checkpoints_and_plot(recall_run):
     assert (recall_run / "recall.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_report_prints_the_table_and_draws(recall_run, tmp_path, assay_cli):
     png = tmp_path / "recall.png"
     result = assay_cli("recall", "report", str(recall_run), "-o", str(png))
@@ -37,6 +39,7 @@ def test_report_prints_the_table_and_draws(recall_run, tmp_path, assay_cli):
     assert json.loads(as_json.stdout)["rows"] == json.loads((recall_run / "results.json").read_text())["rows"]
 
 
+@pytest.mark.slow
 def test_needle_command_prints_json_grid_and_heat_map(recall_run, tmp_path, assay_cli):
     png = tmp_path / "needle.png"
     result = assay_cli("recall", "needle", "--model", str(recall_run / "models" / "gla-L32"), "--lengths", "32,64",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 import torch
@@ -35,6 +37,7 @@ def test_architectures_are_matched_in_size_and_differ_in_state():
     assert state_bytes("qwen3", attention_args, 256) > state_bytes("gla", gla_args, 256)
 
 
+@pytest.mark.slow
 def test_attention_learns_mqar_well_above_chance(tmp_path):
     # Small on purpose (about a minute): 4 pairs in 32 tokens, 16 keys and 16 values, 250 steps of 64 sequences.
     layout = MQARSpec(n_keys=16, n_values=16)
@@ -81,6 +84,7 @@ def test_gla_prefill_then_decode_gives_the_answers_of_one_pass():
     assert (answered[:, split:]).any()  # some answers came out of the decode path
 
 
+@pytest.mark.slow
 def test_attention_learns_the_previous_token_lookup_mqar_needs():
     # MQAR's first step in attention is a previous-token head (a value position fetches the key before it);
     # rotary positions and the causal mask must make that easy. One layer, the recall sizes otherwise:

@@ -20,6 +20,7 @@ def _assert_grid(result, lengths, depths, trials):
             assert cell["accuracy"] == cell["correct"] / trials
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry, kind", [("gla", "gla"), ("qwen3-pretrained", "qwen3"), ("llama", "llama"), ("mistral", "hf")])
 def test_text_needle_runs_on_each_kind_of_model_and_draws_a_heat_map(zoo_dir, tmp_path, entry, kind):
     lengths, depths = [64, 3000], [0.0, 1.0]
@@ -57,6 +58,7 @@ def test_token_prompt_places_the_pair_at_the_depth():
         assert layout.is_key(key) and int(prompt[expected_at]) == key and int(prompt[expected_at + 1]) == value
 
 
+@pytest.mark.slow
 def test_token_needle_on_trained_checkpoints(recall_run):
     for name, kind in (("gla-L32", "gla"), ("qwen3-L32", "qwen3")):
         result = run_needle(NeedleRequest(model=str(recall_run / "models" / name), lengths=(32, 128), depths=(0.0, 0.5, 1.0), trials=3))

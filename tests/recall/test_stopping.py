@@ -3,6 +3,8 @@ the accuracy-vs-state sweep end to end."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from assay.recall.models import ModelSize, matched_params, model_args, state_bytes
@@ -42,6 +44,7 @@ def test_a_budget_that_runs_out_is_recorded_as_not_converged(tmp_path):
     assert saved["converged"] is False and saved["arch"] == "gla" and saved["pairs"] == 4
 
 
+@pytest.mark.slow
 def test_a_cpu_budget_plans_the_schedule_for_the_steps_it_buys(tmp_path):
     # Only --budget-min: the warm-up + cosine horizon is the budget's steps (timed on a throwaway trainer),
     # so the LR decays over the run instead of staying at the peak of a 100,000-step plan.
@@ -82,6 +85,7 @@ def test_sweep_points_grow_gla_state_at_matched_parameters():
             assert abs(counts["gla"] - counts["qwen3"]) <= 0.10 * min(counts.values())
 
 
+@pytest.mark.slow
 def test_sweep_command_writes_rows_per_state_and_the_plot(tmp_path, assay_cli):
     out = tmp_path / "sweep"
     result = assay_cli("recall", "sweep", "--out", str(out), "--widths", "16", "--gla-states", "4:0.5,1:1", "--pairs", "2,4",

@@ -38,6 +38,7 @@ def quick_run(tmp_path_factory):
     return completed, summary, out
 
 
+@pytest.mark.slow
 def test_every_part_is_recorded_with_a_status(quick_run):
     _, summary, _ = quick_run
     parts = {part["name"]: part for part in summary["parts"]}
@@ -78,6 +79,7 @@ def test_parts_write_the_usual_result_files(quick_run):
         assert (out / parts[name]["log"]).exists()
 
 
+@pytest.mark.slow
 def test_a_failed_prerequisite_leaves_its_dependants_not_run(tmp_path):
     (tmp_path / "zoo-file").write_text("not a folder")
     out = tmp_path / "out"
@@ -108,6 +110,7 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_sigterm_kills_the_running_part_and_records_it(tmp_path):
     """A job runner's time limit (SIGTERM) must not leave a part running on the device."""
     marker = f"ASSAY_SELFTEST_MARKER_{uuid.uuid4().hex}"
@@ -126,6 +129,7 @@ def test_sigterm_kills_the_running_part_and_records_it(tmp_path):
     assert gla["status"] == "FAILED" and gla["error"] == "interrupted"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, fragment",
     [

@@ -33,6 +33,7 @@ def _alone(model, prompt: list[int], n: int) -> list[int]:
     return model.generate(torch.tensor([prompt]), n)[0, len(prompt):].tolist()
 
 
+@pytest.mark.slow
 def test_continuous_batching_gives_each_sequence_the_tokens_it_gets_alone(gla):
     # Requests join while others run (staggered over steps) and leave at different lengths; float32 eager:
     # every row of a padded batch is computed independently, so the tokens must be equal, not close.
@@ -78,6 +79,7 @@ def test_padding_rows_never_touch_a_free_slot(gla):
     assert engine.free_slots == 8 and engine.pool.num_used == 0
 
 
+@pytest.mark.slow
 def test_buckets_compile_every_width_at_warm_up_and_never_while_serving(gla):
     engine = _engine(gla, max_seqs=4, buckets=(1, 2, 4))
     engine.warm_up()
@@ -167,6 +169,7 @@ def test_bad_requests_are_one_line_errors_and_a_full_queue_is_queue_full(gla):
         EngineConfig(max_seqs=8, buckets=(1, 2)).validate()
 
 
+@pytest.mark.slow
 def test_seeded_sampling_repeats_and_temperature_zero_is_greedy(gla):
     def run(seed):
         engine = _engine(gla, eager=True)

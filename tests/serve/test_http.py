@@ -468,6 +468,7 @@ def _start_cli(zoo_dir: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     return process, line.rsplit(" ", 1)[-1].strip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_assay_serve_answers_and_exits_cleanly_on_signal(zoo_dir, reference, stop_signal):
     # Compiled (aot_eager, buckets 1 and 2, compiled at warm-up before the URL is printed).

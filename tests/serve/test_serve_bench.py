@@ -12,6 +12,7 @@ from assay.core.errors import AssayError
 from assay.serve.bench import ServeBenchRequest, arrival_times, make_prompts, run_serve_bench
 
 
+@pytest.mark.slow
 def test_serve_bench_cli_compares_buckets_and_none_and_writes_json_and_png(zoo_dir, tmp_path, assay_cli):
     out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
     result = assay_cli(
@@ -68,6 +69,7 @@ def test_prompts_are_corpus_windows_of_the_requested_length():
     assert all(len(p) == 250 for p in make_prompts(corpus, 250, 2, random.Random(1)))  # longer than the corpus
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags, message",
     [

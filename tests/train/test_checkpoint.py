@@ -80,6 +80,7 @@ def test_resume_with_no_checkpoint_is_a_clear_error(train_zoo, tmp_path):
         train(request(train_zoo, tmp_path, resume=True))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_exit_1_and_keeps_the_last_good_checkpoint(train_zoo, tmp_path, assay_cli):
     checkpoints = tmp_path / "ckpt"
     metrics = tmp_path / "run.jsonl"

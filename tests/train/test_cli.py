@@ -9,6 +9,7 @@ import pytest
 from assay.core.metrics import read_jsonl
 
 
+@pytest.mark.slow
 def test_train_writes_metrics_and_plot_draws_them(train_zoo, tmp_path, assay_cli):
     metrics = tmp_path / "run.jsonl"
     completed = assay_cli("train", "--model", str(train_zoo / "qwen3"), "--path", "native", "--steps", "4", "--seq-len", "32",
@@ -26,6 +27,7 @@ def test_train_writes_metrics_and_plot_draws_them(train_zoo, tmp_path, assay_cli
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_json_summary_keeps_warmup_apart_from_steady_state(train_zoo, assay_cli):
     completed = assay_cli("train", "--model", str(train_zoo / "qwen3"), "--path", "hf", "--steps", "3", "--seq-len", "32", "--json")
     assert completed.returncode == 0, completed.stderr
@@ -36,6 +38,7 @@ def test_json_summary_keeps_warmup_apart_from_steady_state(train_zoo, assay_cli)
     assert len(result["records"]) == 3
 
 
+@pytest.mark.slow
 def test_check_init_exit_codes(train_zoo, assay_cli):
     good = assay_cli("train", "--model", str(train_zoo / "qwen3-pretrained"), "--check-init", "--steps", "0")
     assert good.returncode == 0, good.stderr
@@ -45,6 +48,7 @@ def test_check_init_exit_codes(train_zoo, assay_cli):
     assert "NOT loaded" in bad.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [

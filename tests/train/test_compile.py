@@ -10,6 +10,7 @@ from assay.core.numerics import assert_close
 from assay.train import TrainRequest, train
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["native", "hf"])
 def test_compiled_blocks_train_like_eager(train_zoo, path):
     from assay.core.compiling import reset

@@ -23,6 +23,7 @@ def test_gla_family_is_registered_by_model_type():
     assert family.name == "gla" and "3B" in family.flavours and "tiny" in family.flavours
 
 
+@pytest.mark.slow
 def test_cli_trains_zoo_gla_natively_with_finite_loss(train_zoo, assay_cli):
     result = assay_cli("train", "--model", str(train_zoo / "gla"), "--path", "native", "--steps", "3", "--seq-len", "64", "--json")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -58,6 +58,7 @@ def test_chunked_loss_trains_like_the_full_logits(train_zoo, path):
     assert_close("train_loss", torch.tensor(chunked.losses), torch.tensor(full.losses), torch.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_activation_checkpointing_trains_like_none_and_exports_every_key(train_zoo, tmp_path, mode):
     model = str(train_zoo / "qwen3-moe")
