@@ -68,6 +68,9 @@ def _rank_entry(rank, fn, world_size, device_type, port, result_file, args):
         result = fn(*args)
         if rank == 0:
             torch.save(result, result_file)
+        # Every rank leaves together: a rank tearing gloo down while a peer is still busy can make the
+        # peer's transport thread see a closed connection and abort (SIGABRT) after the work was done.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -36,7 +36,7 @@ def test_sweep_puts_a_model_on_the_fewest_devices_that_hold_it(zoo_dir, tmp_path
     result = assay_cli("sweep", *args, "--max-devices", "4")
     assert result.returncode == 0, result.stderr[-2000:]
     [row] = json.loads(result.stdout)["rows"]
-    assert row["num_devices"] == 2 and row["status"] == "PASS", row["reason"]
+    assert row["num_devices"] == 2 and row["status"] == "PASS", (row["reason"], row["error"])
 
 
 @pytest.mark.slow
