@@ -20,7 +20,8 @@ Memory (fresh subprocess per setting, peak RSS growth over the training steps): 
 151,936-token vocabulary with the full logits vs in chunks, and --activation-checkpointing
 none/full/selective at the small size (their speed interleaved in this process).
 Kernels: grouped_experts against the reference expert loop at the zoo MoE's shapes, forward+backward.
-`--profile` writes torch.profiler's per-op table of one steady step of hf and native (`--profile-size`).
+`--profile` writes torch.profiler's per-op table of one steady step (`--profile-size`, `--profile-paths`, default hf and
+native) and the step's self CPU time by kind (matmul, SDPA, compiled graphs, optimizer, other) to the JSON.
 """
 
 from __future__ import annotations
@@ -242,24 +243,41 @@ def grouped_experts_vs_loop(repeats: int) -> dict:
 # ---------------------------------------------------------------- profile
 
 
-def profile_paths(checkpoint: Path, peak: float, out: Path) -> dict:
+# Where a step's CPU time goes, by kind of work: the matmuls and SDPA run the same aten kernels on every
+# path, so their sum bounds how much faster than hf eager any path can get without faster kernels.
+PROFILE_KINDS = (("matmul", ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")), ("sdpa", ("aten::_scaled_dot_product",)),
+                 ("compiled_graphs", ("## Call CompiledFxGraph",)), ("optimizer", ("aten::_fused_adamw", "aten::_foreach")))
+
+
+def profile_breakdown(averages) -> dict:
+    """Self CPU seconds per kind of work (PROFILE_KINDS, the rest as `other`) of one profiled step."""
+    kinds = {name: 0.0 for name, _ in PROFILE_KINDS} | {"other": 0.0}
+    for event in averages:
+        kind = next((name for name, prefixes in PROFILE_KINDS if event.key.startswith(prefixes)), "other")
+        kinds[kind] += event.self_cpu_time_total / 1e6
+    return kinds
+
+
+def profile_paths(checkpoint: Path, peak: float, out: Path, paths=("hf", "native")) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    tables, totals = [], {}
-    for path in ("hf", "native"):
+    tables, totals, breakdown = [], {}, {}
+    for path in paths:
         trainer = Trainer(request(checkpoint, path, 4, 1, peak))
         try:
-            for step in range(3):
+            for step in range(3):  # compiled paths compile here, outside the profiled step
                 trainer.step(step)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
                 trainer.step(3)
         finally:
             trainer.close()
         averages = prof.key_averages()
         totals[path] = {e.key: e.self_cpu_time_total / 1e3 for e in sorted(averages, key=lambda e: -e.self_cpu_time_total)[:15]}
-        tables.append(f"===== {path}: one steady step at {checkpoint.name}\n{averages.table(sort_by='self_cpu_time_total', row_limit=25)}")
+        breakdown[path] = profile_breakdown(averages)
+        by_shape = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=40, max_shapes_column_width=60)
+        tables.append(f"===== {path}: one steady step at {checkpoint.name}\n{averages.table(sort_by='self_cpu_time_total', row_limit=25)}\n{by_shape}")
     out.write_text("\n".join(tables))
-    return {"table": out.name, "top_self_cpu_ms": totals}
+    return {"table": out.name, "top_self_cpu_ms": totals, "self_cpu_s_by_kind": breakdown}
 
 
 # ---------------------------------------------------------------- report
@@ -292,6 +310,7 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--profile", action="store_true", help="per-op table of one steady step of hf and native")
     parser.add_argument("--profile-size", default="small", choices=tuple(WRITTEN_SIZES))
+    parser.add_argument("--profile-paths", default="hf,native", help="paths to profile (native+compile compiles first)")
     parser.add_argument("--out", type=Path, default=RESULTS / "train.json")
     options = parser.parse_args()
     sizes = [s for s in options.sizes.split(",") if s]
@@ -329,7 +348,8 @@ def main() -> None:
         if options.profile:
             size = options.profile_size
             folder = folders.get(size) or checkpoints(Path(scratch), [size])[size]
-            report["profile"] = profile_paths(folder, peak, options.out.with_name("train_profile.txt"))
+            report["profile"] = profile_paths(folder, peak, options.out.with_name(options.out.stem + "_profile.txt"),
+                                              [p for p in options.profile_paths.split(",") if p])
     # MFU against the higher of the two peak measurements (the trainers used the first; rescale).
     for size in report["sizes"].values():
         for entry in size["paths"].values():
@@ -343,7 +363,8 @@ def main() -> None:
     }
     report["targets"] = targets(report)
     atomic_write_json(options.out, report)
-    plot(report, options.out.with_suffix(".png"))
+    if report["sizes"]:  # a profile-only run has no tokens/s to draw
+        plot(report, options.out.with_suffix(".png"))
     rows = [
         {"size": size, "path": path, "tokens_per_s": entry["steady_tokens_per_s"], "mfu": entry["steady_mfu"],
          "over_hf": "" if path == "hf" else f"{entry['over_hf']['median']:.2f} ({entry['over_hf']['min']:.2f}-{entry['over_hf']['max']:.2f})",
