@@ -179,18 +179,17 @@ class _GLAChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, g, initial_state, scale, chunk_size):
+        if not _compiling():
+            return _eager_forward(q, k, v, g, initial_state, scale, chunk_size)
+        # Compiled, the backward's parts: inductor fuses the elementwise passes that the eager form
+        # saves, and the data-dependent branch (a cond) then only replaces scores.
         v_c = _chunked(v, chunk_size).contiguous()  # [B, H, N, C, V]
-        if _compiling():
-            # Compiled, the backward's parts: inductor fuses the elementwise passes that the eager form
-            # saves, and the data-dependent branch (a cond) then only replaces scores.
-            parts = _chunk_parts(q, k, g, chunk_size)
-            queries_in, chunk_decay, scores = parts.queries_in, parts.chunk_decay, _scores(parts, scale)
-            updates = _bmm(parts.keys_out.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
-        else:
-            queries_in, chunk_decay, scores, updates = _eager_chunk_terms(q, k, v_c, g, scale, chunk_size)
-        states, final = _scan_states(initial_state, chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
+        parts = _chunk_parts(q, k, g, chunk_size)
+        scores = _scores(parts, scale)
+        updates = _bmm(parts.keys_out.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
+        states, final = _scan_states(initial_state, parts.chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
         # o = scores v + scale * (q exp(b)) S_entry, the second added inside the batched matmul.
-        o = _bmm(queries_in, states, add=_bmm(scores, v_c), alpha=scale)
+        o = _bmm(parts.queries_in, states, add=_bmm(scores, v_c), alpha=scale)
         return o.flatten(2, 3).transpose(1, 2), final, states
 
     @staticmethod
@@ -303,13 +302,17 @@ def _scan_states(state, chunk_decay, updates):
     return torch.stack(states, dim=2), state
 
 
-def _eager_chunk_terms(q, k, v_c, g, scale: float, chunk_size: int):
-    """(q exp(b), exp(B) [B, H, N, K, 1], scores [B, H, N, C, C], updates [B, H, N, K, V]) in the fewest
-    full-size passes: one decay factor per position, exp(b); queries q exp(b), keys k exp(-b) (at most
-    e^RANGE |k| in a factorised chunk); each chunk's update (k exp(-b))^T v scaled by exp(B) after the
-    matmul ([K, V] rows, not [C, K] keys); explicit chunks get scores and updates in their own form."""
-    q_c, k_c, g_c = (_chunked(x, chunk_size) for x in (q, k, g))
-    decay_in = g_c.cumsum(-2).exp_()  # [B, H, N, C, K]: exp(b), contiguous
+def _eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
+    """The forward without a compiler, in the fewest full-size passes: (o [B, T, H, V], final state,
+    the [B, H, N, K, V] states entering each chunk), from [B, T, H, D] inputs (T a multiple of C).
+
+    One decay factor per position, exp(b); queries q exp(b), keys k exp(-b) (at most e^RANGE |k| in
+    a factorised chunk); each chunk's update (k exp(-b))^T v scaled by exp(B) after the matmul ([K, V]
+    rows, not [C, K] keys); explicit chunks get scores and updates in their own form."""
+    batch, time, heads, key_dim = q.shape
+    chunks = time // chunk_size
+    q_c, k_c, v_c = (_chunked(x, chunk_size) for x in (q, k, v))
+    decay_in = _chunk_decays(g, chunk_size)  # [B, H, N, C, K]: exp(b), contiguous
     chunk_decay = decay_in[..., -1, :].unsqueeze(-1).clone()  # [B, H, N, K, 1]: exp(B)
     queries_in = torch.mul(decay_in, q_c)  # decay first: the result takes its contiguous layout
     explicit = chunk_decay.amin((-2, -1)) < math.exp(-FACTORISED_LOG_RANGE)  # [B, H, N]: B < -RANGE somewhere
@@ -317,15 +320,59 @@ def _eager_chunk_terms(q, k, v_c, g, scale: float, chunk_size: int):
         # exp(-b) overflows only in explicit chunks, whose values are replaced below: the floor keeps
         # them finite (no inf * 0 = nan in a matmul, no slow denormals) and leaves factorised ones alone.
         decay_in.clamp_(min=math.exp(-FACTORISED_LOG_RANGE))
-    keys_in = torch.div(k_c, decay_in, out=decay_in)  # k exp(-b), in exp(b)'s memory
+    if KEYS_T:
+        keys_t = q.new_empty(batch, heads, chunks, key_dim, chunk_size)
+        torch.div(k_c, decay_in, out=keys_t.transpose(-1, -2))
+        keys_in = keys_t.transpose(-1, -2)
+    else:
+        keys_in = torch.div(k_c, decay_in, out=decay_in)  # k exp(-b), in exp(b)'s memory
+    v_c = v_c.contiguous()  # [B, H, N, C, V]
     scores = _bmm(queries_in, keys_in.transpose(-1, -2), alpha=scale).tril_()
     updates = _bmm(keys_in.transpose(-1, -2), v_c).mul_(chunk_decay)  # (k exp(B - b))^T v
     scores, updates = _replace_explicit(
         explicit, (scores, updates),
         lambda q_e, k_e, v_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale), _explicit_updates(k_e, v_e, g_e)),
-        (q_c, k_c, v_c, g_c),
+        (q_c, k_c, v_c, _chunked(g, chunk_size)),
     )
-    return queries_in, chunk_decay, scores, updates
+    # The scan writes each chunk's entry state in place (no list to stack).
+    states = torch.empty_like(updates)
+    states[:, :, 0] = state
+    entry = states.unbind(2)
+    for n, (decay, update) in enumerate(zip(chunk_decay.unbind(2), updates.unbind(2))):
+        if n + 1 < chunks:
+            torch.addcmul(update, decay, entry[n], out=entry[n + 1])
+        else:
+            state = torch.addcmul(update, decay, entry[n])
+    # o = scores v + scale (q exp(b)) S_entry: the second added in place by the same batched matmul.
+    o = _bmm(scores, v_c)
+    o.flatten(0, 2).baddbmm_(queries_in.flatten(0, 2), states.flatten(0, 2), alpha=scale)
+    return o.flatten(2, 3).transpose(1, 2), state, states
+
+
+KEYS_T = False
+CUMSUM = "loop2"
+
+
+def _chunk_decays(g, chunk_size: int) -> torch.Tensor:
+    """exp(b) [B, H, N, C, K] (contiguous) from g [B, T, H, K]: b the cumulative log gate inside each chunk."""
+    batch, time, heads, key_dim = g.shape
+    if CUMSUM == "torch":
+        return _chunked(g, chunk_size).cumsum(-2).exp_()
+    b = g.reshape(batch, time // chunk_size, chunk_size, heads * key_dim)
+    if CUMSUM == "loop2":
+        b = g.new_empty(batch, heads, time // chunk_size, chunk_size, key_dim)
+        rows, g_rows = b.unbind(3), _chunked(g, chunk_size).unbind(3)
+        rows[0].copy_(g_rows[0])
+        for previous, row, g_row in zip(rows, rows[1:], g_rows[1:]):
+            torch.add(previous, g_row, out=row)
+        return b.exp_()
+    if CUMSUM == "loop":
+        b = b.clone()
+        rows = b.unbind(2)
+        for previous, row in zip(rows, rows[1:]):
+            row.add_(previous)
+    decay = g.new_empty(batch, heads, time // chunk_size, chunk_size, key_dim)
+    return torch.exp(b.unflatten(-1, (heads, key_dim)).permute(0, 3, 1, 2, 4), out=decay)
 
 
 # ---------------------------------------------------------------- the explicit form, per chunk
