@@ -21,7 +21,7 @@ Two forms of the [C, C] scores, chosen per (batch, head, chunk) from the gates' 
 - factorised (one matmul): scores = (q exp(b)) (k exp(-b))^T with b the cumulative log gate inside
   the chunk; exact while the chunk's total log decay B is >= -FACTORISED_LOG_RANGE in every channel
   (no factor above e^RANGE |k|). The eager forward builds k exp(-b) directly, in the fewest full-size
-  passes (`_eager_chunk_terms`); the backward and the compiled forward (where inductor fuses the
+  passes (`_eager_forward`); the backward and the compiled forward (where inductor fuses the
   passes) use (k exp(B - b)) exp(-B), each factor safe for any gate (`_chunk_parts`);
 - explicit (gates that wipe the state inside one chunk): the [C, C, K] decays exp(b_i - b_j) built
   from a float64 cumulative sum, only for the chunks that need it.
@@ -320,12 +320,7 @@ def _eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
         # exp(-b) overflows only in explicit chunks, whose values are replaced below: the floor keeps
         # them finite (no inf * 0 = nan in a matmul, no slow denormals) and leaves factorised ones alone.
         decay_in.clamp_(min=math.exp(-FACTORISED_LOG_RANGE))
-    if KEYS_T:
-        keys_t = q.new_empty(batch, heads, chunks, key_dim, chunk_size)
-        torch.div(k_c, decay_in, out=keys_t.transpose(-1, -2))
-        keys_in = keys_t.transpose(-1, -2)
-    else:
-        keys_in = torch.div(k_c, decay_in, out=decay_in)  # k exp(-b), in exp(b)'s memory
+    keys_in = torch.div(k_c, decay_in, out=decay_in)  # k exp(-b), in exp(b)'s memory
     v_c = v_c.contiguous()  # [B, H, N, C, V]
     scores = _bmm(queries_in, keys_in.transpose(-1, -2), alpha=scale).tril_()
     updates = _bmm(keys_in.transpose(-1, -2), v_c).mul_(chunk_decay)  # (k exp(B - b))^T v
@@ -334,45 +329,33 @@ def _eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
         lambda q_e, k_e, v_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale), _explicit_updates(k_e, v_e, g_e)),
         (q_c, k_c, v_c, _chunked(g, chunk_size)),
     )
-    # The scan writes each chunk's entry state in place (no list to stack).
-    states = torch.empty_like(updates)
-    states[:, :, 0] = state
-    entry = states.unbind(2)
-    for n, (decay, update) in enumerate(zip(chunk_decay.unbind(2), updates.unbind(2))):
-        if n + 1 < chunks:
-            torch.addcmul(update, decay, entry[n], out=entry[n + 1])
-        else:
-            state = torch.addcmul(update, decay, entry[n])
+    # The scan writes each chunk's entry state in place: no list of states to stack afterwards.
+    states = torch.empty_like(updates)  # [B, H, N, K, V]
+    entry, decays, updates = states.unbind(2), chunk_decay.unbind(2), updates.unbind(2)
+    entry[0].copy_(state)
+    for decay, update, before, after in zip(decays, updates, entry, entry[1:]):
+        torch.addcmul(update, decay, before, out=after)
+    final = torch.addcmul(updates[-1], decays[-1], entry[-1])
     # o = scores v + scale (q exp(b)) S_entry: the second added in place by the same batched matmul.
     o = _bmm(scores, v_c)
     o.flatten(0, 2).baddbmm_(queries_in.flatten(0, 2), states.flatten(0, 2), alpha=scale)
-    return o.flatten(2, 3).transpose(1, 2), state, states
-
-
-KEYS_T = False
-CUMSUM = "loop2"
+    return o.flatten(2, 3).transpose(1, 2), final, states
 
 
 def _chunk_decays(g, chunk_size: int) -> torch.Tensor:
-    """exp(b) [B, H, N, C, K] (contiguous) from g [B, T, H, K]: b the cumulative log gate inside each chunk."""
+    """exp(b) [B, H, N, C, K] (contiguous) from g [B, T, H, K]: b the cumulative log gate inside each chunk.
+
+    Summed one position at a time over the whole segment (C adds of [B, H, N, K] rows, each reading
+    g's row in place): torch.cumsum over a strided dim of length C is a scalar loop per element, and
+    took 1.5x the time of these adds and the exp together (docs/gla.md). Float32 sums in order, so
+    b_i - b_j carries only the roundings between j and i."""
     batch, time, heads, key_dim = g.shape
-    if CUMSUM == "torch":
-        return _chunked(g, chunk_size).cumsum(-2).exp_()
-    b = g.reshape(batch, time // chunk_size, chunk_size, heads * key_dim)
-    if CUMSUM == "loop2":
-        b = g.new_empty(batch, heads, time // chunk_size, chunk_size, key_dim)
-        rows, g_rows = b.unbind(3), _chunked(g, chunk_size).unbind(3)
-        rows[0].copy_(g_rows[0])
-        for previous, row, g_row in zip(rows, rows[1:], g_rows[1:]):
-            torch.add(previous, g_row, out=row)
-        return b.exp_()
-    if CUMSUM == "loop":
-        b = b.clone()
-        rows = b.unbind(2)
-        for previous, row in zip(rows, rows[1:]):
-            row.add_(previous)
-    decay = g.new_empty(batch, heads, time // chunk_size, chunk_size, key_dim)
-    return torch.exp(b.unflatten(-1, (heads, key_dim)).permute(0, 3, 1, 2, 4), out=decay)
+    b = g.new_empty(batch, heads, time // chunk_size, chunk_size, key_dim)
+    rows, g_rows = b.unbind(3), _chunked(g, chunk_size).unbind(3)
+    rows[0].copy_(g_rows[0])
+    for previous, row, g_row in zip(rows, rows[1:], g_rows[1:]):
+        torch.add(previous, g_row, out=row)
+    return b.exp_()
 
 
 # ---------------------------------------------------------------- the explicit form, per chunk
