@@ -235,7 +235,7 @@ class _GLAChunkFunction(torch.autograd.Function):
         # exit state (exp(B) S_entry + keys_out^T v, both linear in exp(B) per key channel's row).
         grad_b = torch.mul(grad_q, parts.q_c).addcmul_(grad_k, parts.k_c, value=-1.0)
         grad_b[..., -1, :] += (grad_after * states_after).sum(-1)
-        grad_g = grad_b.flip(-2).cumsum(-2).flip(-2)  # b_i sums g_t for t <= i
+        grad_g = _reverse_cumsum_(grad_b)  # b_i sums g_t for t <= i
 
         def back(x):  # [B, H, N, C, D] -> [B, T, H, D] (a view)
             return x.flatten(2, 3).transpose(1, 2)
@@ -268,7 +268,7 @@ def _bmm(a, b, add=None, alpha: float = 1.0, beta: float = 1.0) -> torch.Tensor:
 def _chunk_parts(q, k, g, chunk_size) -> _ChunkParts:
     """Decays and decayed q, k, from [B, T, H, K] inputs; the first op on each also makes [B, H, N, C, K]."""
     q_c, k_c, g_c = (_chunked(x, chunk_size) for x in (q, k, g))
-    b = g_c.cumsum(-2)  # log decay from the chunk's start through position i, <= 0
+    b = _cumulative_gates(g, chunk_size)  # log decay from the chunk's start through position i, <= 0
     total = b[..., -1:, :]  # [B, H, N, 1, K]: over the whole chunk
     decay_in = b.exp()  # <= 1
     decay_out = torch.sub(total, b).exp_()  # from after position j to the chunk's end, <= 1
@@ -343,19 +343,38 @@ def _eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
 
 
 def _chunk_decays(g, chunk_size: int) -> torch.Tensor:
-    """exp(b) [B, H, N, C, K] (contiguous) from g [B, T, H, K]: b the cumulative log gate inside each chunk.
+    """exp(b) [B, H, N, C, K] (contiguous) from g [B, T, H, K]: b the cumulative log gate inside each chunk."""
+    return _cumulative_gates(g, chunk_size).exp_()
 
-    Summed one position at a time over the whole segment (C adds of [B, H, N, K] rows, each reading
-    g's row in place): torch.cumsum over a strided dim of length C is a scalar loop per element, and
-    took 1.5x the time of these adds and the exp together (docs/gla.md). Float32 sums in order, so
-    b_i - b_j carries only the roundings between j and i."""
-    batch, time, heads, key_dim = g.shape
-    b = g.new_empty(batch, heads, time // chunk_size, chunk_size, key_dim)
-    rows, g_rows = b.unbind(3), _chunked(g, chunk_size).unbind(3)
+
+def _cumulative_gates(g, chunk_size: int) -> torch.Tensor:
+    """b [B, H, N, C, K] (contiguous) from g [B, T, H, K]: the log gate summed from each chunk's start.
+
+    Eager, summed one position at a time over the whole segment (C adds of [B, H, N, K] rows, each
+    reading g's row where it is): torch.cumsum over a strided dim of length C runs a scalar loop per
+    element, about 1.5x the time of these adds and an exp together (docs/gla.md). Float32 sums in
+    order, so b_i - b_j carries only the roundings between j and i. Compiled, one cumsum (the loop
+    would unroll into C nodes)."""
+    g_c = _chunked(g, chunk_size)
+    if _compiling():
+        return g_c.cumsum(-2)
+    b = torch.empty(g_c.shape, dtype=g.dtype, device=g.device)
+    rows, g_rows = b.unbind(3), g_c.unbind(3)
     rows[0].copy_(g_rows[0])
     for previous, row, g_row in zip(rows, rows[1:], g_rows[1:]):
         torch.add(previous, g_row, out=row)
-    return b.exp_()
+    return b
+
+
+def _reverse_cumsum_(x: torch.Tensor) -> torch.Tensor:
+    """x [..., C, D] summed from each position to the chunk's end, in place (eager: C row adds, where
+    flip-cumsum-flip costs two copies and a scalar scan)."""
+    if _compiling():
+        return x.flip(-2).cumsum(-2).flip(-2)
+    rows = x.unbind(-2)
+    for later, row in zip(rows[::-1], rows[-2::-1]):
+        row.add_(later)
+    return x
 
 
 # ---------------------------------------------------------------- the explicit form, per chunk
