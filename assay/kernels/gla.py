@@ -201,6 +201,8 @@ class _GLAChunkFunction(torch.autograd.Function):
         _, final, states = output
         ctx.save_for_backward(q, k, v, g, states, final)
         ctx.mark_non_differentiable(states)
+        # Unused outputs (always the states) reach backward as None, not as zero tensors filled for nothing.
+        ctx.set_materialize_grads(False)
         ctx.scale, ctx.chunk_size = scale, chunk_size
 
     @staticmethod
@@ -210,19 +212,15 @@ class _GLAChunkFunction(torch.autograd.Function):
         parts = _chunk_parts(q, k, g, chunk_size)
         scores = _scores(parts, scale)
         v_c = _chunked(v, chunk_size).contiguous()
+        if grad_o is None:
+            grad_o = torch.zeros_like(v)
         do = _chunked(grad_o, chunk_size).contiguous()  # [B, H, N, C, V]
         if grad_final is None:
             grad_final = torch.zeros_like(final)
 
         # State gradients, last chunk first: dS_n = exp(B_n) dS_{n+1} + scale (q exp(b))_n^T do_n.
         from_outputs = _bmm(parts.queries_in.transpose(-1, -2), do, alpha=scale)  # [B, H, N, K, V]
-        grad_after = []
-        grad_state = grad_final
-        for decay, from_output in zip(reversed(parts.chunk_decay.unbind(2)), reversed(from_outputs.unbind(2))):
-            grad_after.append(grad_state)
-            grad_state = torch.addcmul(from_output, decay, grad_state)
-        grad_after = torch.stack(grad_after[::-1], dim=2)  # [B, H, N, K, V]: gradient of each chunk's exit state
-        states_after = torch.cat([states_before[:, :, 1:], final.unsqueeze(2)], dim=2)
+        grad_after, grad_state = _reverse_scan(grad_final, parts.chunk_decay, from_outputs)  # [B, H, N, K, V]: of each exit state
 
         grad_scores = _bmm(do, v_c.transpose(-1, -2)).tril_()  # [B, H, N, C, C]
         grad_v = _bmm(parts.keys_out, grad_after, add=_bmm(scores.transpose(-1, -2), do))
@@ -237,7 +235,10 @@ class _GLAChunkFunction(torch.autograd.Function):
         # g: scores depend on b_i - b_j only, so db = q dq - k dk; the chunk total B also scales the
         # exit state (exp(B) S_entry + keys_out^T v, both linear in exp(B) per key channel's row).
         grad_b = torch.mul(grad_q, parts.q_c).addcmul_(grad_k, parts.k_c, value=-1.0)
-        grad_b[..., -1, :] += (grad_after * states_after).sum(-1)
+        # The state after chunk n is the one entering n + 1 (the final state after the last): no cat.
+        exit_terms = grad_b[..., -1, :]  # [B, H, N, K]
+        exit_terms[:, :, :-1] += (grad_after[:, :, :-1] * states_before[:, :, 1:]).sum(-1)
+        exit_terms[:, :, -1] += (grad_after[:, :, -1] * final).sum(-1)
         grad_g = _reverse_cumsum_(grad_b)  # b_i sums g_t for t <= i
 
         def back(x):  # [B, H, N, C, D] -> [B, T, H, D] (a view)
@@ -259,12 +260,13 @@ def _chunked(x: torch.Tensor, chunk_size: int) -> torch.Tensor:  # [B, T, H, D] 
 
 def _bmm(a, b, add=None, alpha: float = 1.0, beta: float = 1.0) -> torch.Tensor:
     """alpha a @ b (+ beta add) over [B, H, N] batch dims as one batched matmul: bmm takes transposed
-    operands as they are, where a 5-D matmul would copy them."""
+    operands as they are, where a 5-D matmul would copy them. `add` (a contiguous temporary, as every
+    caller passes) is accumulated into in place: an out-of-place baddbmm would first copy it."""
     a3, b3 = a.flatten(0, -3), b.flatten(0, -3)
     if add is None:
         out = torch.bmm(a3, b3) if alpha == 1.0 else torch.baddbmm(a3.new_empty(()), a3, b3, beta=0.0, alpha=alpha)
     else:
-        out = torch.baddbmm(add.flatten(0, -3), a3, b3, beta=beta, alpha=alpha)
+        out = add.flatten(0, -3).baddbmm_(a3, b3, beta=beta, alpha=alpha)
     return out.view(*a.shape[:-1], b.shape[-1])
 
 
@@ -303,6 +305,25 @@ def _scan_states(state, chunk_decay, updates):
         states.append(state)
         state = torch.addcmul(update, decay, state)
     return torch.stack(states, dim=2), state
+
+
+def _reverse_scan(grad_final, chunk_decay, from_outputs):
+    """The state gradients, last chunk first: dS_n = exp(B_n) dS_{n+1} + from_outputs_n, from
+    [B, H, K, V], [B, H, N, K, 1], [B, H, N, K, V]: (the gradient of each chunk's exit state
+    [B, H, N, K, V], that of the initial state). Eager, written in place (no list to stack)."""
+    decays, terms = chunk_decay.unbind(2), from_outputs.unbind(2)
+    if _compiling():
+        grad_after, grad_state = [], grad_final
+        for decay, term in zip(reversed(decays), reversed(terms)):
+            grad_after.append(grad_state)
+            grad_state = torch.addcmul(term, decay, grad_state)
+        return torch.stack(grad_after[::-1], dim=2), grad_state
+    grad_after = torch.empty_like(from_outputs)
+    after = grad_after.unbind(2)
+    after[-1].copy_(grad_final)
+    for decay, term, later, earlier in zip(decays[:0:-1], terms[:0:-1], after[:0:-1], after[-2::-1]):
+        torch.addcmul(term, decay, later, out=earlier)
+    return grad_after, torch.addcmul(terms[0], decays[0], after[0])
 
 
 def _eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
