@@ -298,13 +298,21 @@ def _scores(parts: _ChunkParts, scale: float) -> torch.Tensor:
 
 def _scan_states(state, chunk_decay, updates):
     """S_{n+1} = exp(B_n) S_n + U_n from [B, H, K, V], [B, H, N, K, 1], [B, H, N, K, V]:
-    (the states entering each chunk [B, H, N, K, V], the state after the last)."""
-    states = []
-    # unbind, not indexing: one op to split, and one stack to join.
-    for decay, update in zip(chunk_decay.unbind(2), updates.unbind(2)):
-        states.append(state)
-        state = torch.addcmul(update, decay, state)
-    return torch.stack(states, dim=2), state
+    (the states entering each chunk [B, H, N, K, V], the state after the last). Eager, each entry
+    state is written in place into one tensor (no list to stack); compiled, a list and one stack."""
+    decays, updates = chunk_decay.unbind(2), updates.unbind(2)  # unbind: one op to split
+    if _compiling():
+        states = []
+        for decay, update in zip(decays, updates):
+            states.append(state)
+            state = torch.addcmul(update, decay, state)
+        return torch.stack(states, dim=2), state
+    states = torch.empty(*state.shape[:2], len(updates), *state.shape[2:], dtype=updates[0].dtype, device=state.device)
+    entry = states.unbind(2)
+    entry[0].copy_(state)
+    for decay, update, before, after in zip(decays, updates, entry, entry[1:]):
+        torch.addcmul(update, decay, before, out=after)
+    return states, torch.addcmul(updates[-1], decays[-1], entry[-1])
 
 
 def _reverse_scan(grad_final, chunk_decay, from_outputs):
@@ -333,10 +341,8 @@ def _eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
     One decay factor per position, exp(b); queries q exp(b), keys k exp(-b) (at most e^RANGE |k| in
     a factorised chunk); each chunk's update (k exp(-b))^T v scaled by exp(B) after the matmul ([K, V]
     rows, not [C, K] keys); explicit chunks get scores and updates in their own form."""
-    batch, time, heads, key_dim = q.shape
-    chunks = time // chunk_size
     q_c, k_c, v_c = (_chunked(x, chunk_size) for x in (q, k, v))
-    decay_in = _chunk_decays(g, chunk_size)  # [B, H, N, C, K]: exp(b), contiguous
+    decay_in = _cumulative_gates(g, chunk_size).exp_()  # [B, H, N, C, K]: exp(b), contiguous
     chunk_decay = decay_in[..., -1, :].unsqueeze(-1).clone()  # [B, H, N, K, 1]: exp(B)
     queries_in = torch.mul(decay_in, q_c)  # decay first: the result takes its contiguous layout
     explicit = chunk_decay.amin((-2, -1)) < math.exp(-FACTORISED_LOG_RANGE)  # [B, H, N]: B < -RANGE somewhere
@@ -353,22 +359,11 @@ def _eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
         lambda q_e, k_e, v_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale), _explicit_updates(k_e, v_e, g_e)),
         (q_c, k_c, v_c, _chunked(g, chunk_size)),
     )
-    # The scan writes each chunk's entry state in place: no list of states to stack afterwards.
-    states = torch.empty_like(updates)  # [B, H, N, K, V]
-    entry, decays, updates = states.unbind(2), chunk_decay.unbind(2), updates.unbind(2)
-    entry[0].copy_(state)
-    for decay, update, before, after in zip(decays, updates, entry, entry[1:]):
-        torch.addcmul(update, decay, before, out=after)
-    final = torch.addcmul(updates[-1], decays[-1], entry[-1])
+    states, final = _scan_states(state, chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
     # o = scores v + scale (q exp(b)) S_entry: the second added in place by the same batched matmul.
     o = _bmm(scores, v_c)
     o.flatten(0, 2).baddbmm_(queries_in.flatten(0, 2), states.flatten(0, 2), alpha=scale)
     return o.flatten(2, 3).transpose(1, 2), final, states
-
-
-def _chunk_decays(g, chunk_size: int) -> torch.Tensor:
-    """exp(b) [B, H, N, C, K] (contiguous) from g [B, T, H, K]: b the cumulative log gate inside each chunk."""
-    return _cumulative_gates(g, chunk_size).exp_()
 
 
 def _cumulative_gates(g, chunk_size: int) -> torch.Tensor:
@@ -397,8 +392,8 @@ def _cumulative_gates(g, chunk_size: int) -> torch.Tensor:
 
 
 def _reverse_cumsum_(x: torch.Tensor) -> torch.Tensor:
-    """x [..., C, D] summed from each position to the chunk's end, in place (eager: C row adds, where
-    flip-cumsum-flip costs two copies and a scalar scan)."""
+    """x [..., C, D] summed from each position to the chunk's end: eager, in place by C row adds
+    (flip-cumsum-flip costs two copies and a scalar scan); compiled, that flip-cumsum-flip."""
     if _compiling():
         return x.flip(-2).cumsum(-2).flip(-2)
     rows = x.unbind(-2)
