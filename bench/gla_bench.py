@@ -9,7 +9,7 @@ Width B=1, H=4, K=V=64 in float32; softmax attention is torch SDPA (causal) of t
 - Matmul floor: the chunk form's matmul FLOPs, 2 T H (C K + C V + 2 K V) forward (3x that for
   forward+backward), at the best matmul rate measured in this run (a 512^3 matmul timed before
   every round). "% floor" = floor time / measured time.
-- Interleaved: every round times each op once, in turn; times are the best round (a shared machine
+- Interleaved: every round times each op once, in a new random order; times are the best round (a shared machine
   disturbs runs, never speeds them up); medians and the load average of every round are recorded.
 - Memory: bytes autograd keeps for the backward (saved tensors, unique storages) at the longest T.
 - flash-linear-attention's naive forms (fla.ops.gla.naive) are timed when fla is installed.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -161,7 +162,12 @@ def run(lengths: list[int], rounds: int, before_rev: str | None, compiled: bool 
             for round_index in range(n_rounds):
                 rates.append(measure_peak_flops("cpu", n=512, repeats=3))
                 loads.append(os.getloadavg()[0])
-                for name, call in active.items():
+                # A new order every round: the op timed right after SDPA (whose 4K score matrix evicts
+                # the caches) reads its inputs from memory, the next one finds them in L3; a fixed order
+                # would favour the same op every round (12% on a 4K forward at 1 thread).
+                order = list(active.items())
+                random.Random(round_index).shuffle(order)
+                for name, call in order:
                     if name in SLOW_OPS and round_index >= 2:
                         continue  # two runs of a step loop are enough: it is 10-100x slower and steady
                     times[name].append(time_once(call, inputs, mode))
@@ -186,7 +192,7 @@ def run(lengths: list[int], rounds: int, before_rev: str | None, compiled: bool 
         return longest_row["best_s"] * time_steps / longest_row["T"]
 
     targets = {}
-    if 4096 in lengths:
+    if 4096 in lengths and any(r["op"] == "gla_recurrent" for r in rows):
         chunk_fwd, rec_fwd = best_s("gla_chunk", "fwd", 4096), recurrent_s("fwd", 4096)
         chunk_fb, rec_fb = best_s("gla_chunk", "fwd+bwd", 4096), recurrent_s("fwd+bwd", 4096)
         floor = floor_flops(4096, "fwd") / rate

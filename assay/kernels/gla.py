@@ -21,7 +21,7 @@ Two forms of the [C, C] scores, chosen per (batch, head, chunk) from the gates' 
 - factorised (one matmul): scores = (q exp(b)) (k exp(-b))^T with b the cumulative log gate inside
   the chunk; exact while the chunk's total log decay B is >= -FACTORISED_LOG_RANGE in every channel
   (no factor above e^RANGE |k|). The eager forward builds k exp(-b) directly, in the fewest full-size
-  passes (`_eager_chunk_terms`); the backward and the compiled forward (where inductor fuses the
+  passes (`_eager_forward`); the backward and the compiled forward (where inductor fuses the
   passes) use (k exp(B - b)) exp(-B), each factor safe for any gate (`_chunk_parts`);
 - explicit (gates that wipe the state inside one chunk): the [C, C, K] decays exp(b_i - b_j) built
   from a float64 cumulative sum, only for the chunks that need it.
@@ -50,6 +50,9 @@ FACTORISED_LOG_RANGE = 60.0
 SEGMENT_TOKENS = 2048
 # The explicit form's [chunks, C, C, K] decay tensor is built this many elements at a time (memory).
 EXPLICIT_BLOCK_ELEMENTS = 1 << 22
+# The eager cumulative gate sums rows this many positions apart at once (`_cumulative_gates`); a
+# divisor of CHUNK_MULTIPLE.
+CUMSUM_BLOCK = 8
 
 
 def _accumulation_dtype(*dtypes: torch.dtype) -> torch.dtype:
@@ -179,18 +182,17 @@ class _GLAChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, g, initial_state, scale, chunk_size):
+        if not _compiling():
+            return _eager_forward(q, k, v, g, initial_state, scale, chunk_size)
+        # Compiled, the backward's parts: inductor fuses the elementwise passes that the eager form
+        # saves, and the data-dependent branch (a cond) then only replaces scores.
         v_c = _chunked(v, chunk_size).contiguous()  # [B, H, N, C, V]
-        if _compiling():
-            # Compiled, the backward's parts: inductor fuses the elementwise passes that the eager form
-            # saves, and the data-dependent branch (a cond) then only replaces scores.
-            parts = _chunk_parts(q, k, g, chunk_size)
-            queries_in, chunk_decay, scores = parts.queries_in, parts.chunk_decay, _scores(parts, scale)
-            updates = _bmm(parts.keys_out.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
-        else:
-            queries_in, chunk_decay, scores, updates = _eager_chunk_terms(q, k, v_c, g, scale, chunk_size)
-        states, final = _scan_states(initial_state, chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
+        parts = _chunk_parts(q, k, g, chunk_size)
+        scores = _scores(parts, scale)
+        updates = _bmm(parts.keys_out.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
+        states, final = _scan_states(initial_state, parts.chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
         # o = scores v + scale * (q exp(b)) S_entry, the second added inside the batched matmul.
-        o = _bmm(queries_in, states, add=_bmm(scores, v_c), alpha=scale)
+        o = _bmm(parts.queries_in, states, add=_bmm(scores, v_c), alpha=scale)
         return o.flatten(2, 3).transpose(1, 2), final, states
 
     @staticmethod
@@ -199,6 +201,8 @@ class _GLAChunkFunction(torch.autograd.Function):
         _, final, states = output
         ctx.save_for_backward(q, k, v, g, states, final)
         ctx.mark_non_differentiable(states)
+        # Unused outputs (always the states) reach backward as None, not as zero tensors filled for nothing.
+        ctx.set_materialize_grads(False)
         ctx.scale, ctx.chunk_size = scale, chunk_size
 
     @staticmethod
@@ -208,19 +212,15 @@ class _GLAChunkFunction(torch.autograd.Function):
         parts = _chunk_parts(q, k, g, chunk_size)
         scores = _scores(parts, scale)
         v_c = _chunked(v, chunk_size).contiguous()
+        if grad_o is None:
+            grad_o = torch.zeros_like(v)
         do = _chunked(grad_o, chunk_size).contiguous()  # [B, H, N, C, V]
         if grad_final is None:
             grad_final = torch.zeros_like(final)
 
         # State gradients, last chunk first: dS_n = exp(B_n) dS_{n+1} + scale (q exp(b))_n^T do_n.
         from_outputs = _bmm(parts.queries_in.transpose(-1, -2), do, alpha=scale)  # [B, H, N, K, V]
-        grad_after = []
-        grad_state = grad_final
-        for decay, from_output in zip(reversed(parts.chunk_decay.unbind(2)), reversed(from_outputs.unbind(2))):
-            grad_after.append(grad_state)
-            grad_state = torch.addcmul(from_output, decay, grad_state)
-        grad_after = torch.stack(grad_after[::-1], dim=2)  # [B, H, N, K, V]: gradient of each chunk's exit state
-        states_after = torch.cat([states_before[:, :, 1:], final.unsqueeze(2)], dim=2)
+        grad_after, grad_state = _reverse_scan(grad_final, parts.chunk_decay, from_outputs)  # [B, H, N, K, V]: of each exit state
 
         grad_scores = _bmm(do, v_c.transpose(-1, -2)).tril_()  # [B, H, N, C, C]
         grad_v = _bmm(parts.keys_out, grad_after, add=_bmm(scores.transpose(-1, -2), do))
@@ -235,8 +235,11 @@ class _GLAChunkFunction(torch.autograd.Function):
         # g: scores depend on b_i - b_j only, so db = q dq - k dk; the chunk total B also scales the
         # exit state (exp(B) S_entry + keys_out^T v, both linear in exp(B) per key channel's row).
         grad_b = torch.mul(grad_q, parts.q_c).addcmul_(grad_k, parts.k_c, value=-1.0)
-        grad_b[..., -1, :] += (grad_after * states_after).sum(-1)
-        grad_g = grad_b.flip(-2).cumsum(-2).flip(-2)  # b_i sums g_t for t <= i
+        # The state after chunk n is the one entering n + 1 (the final state after the last): no cat.
+        exit_terms = grad_b[..., -1, :]  # [B, H, N, K]
+        exit_terms[:, :, :-1] += (grad_after[:, :, :-1] * states_before[:, :, 1:]).sum(-1)
+        exit_terms[:, :, -1] += (grad_after[:, :, -1] * final).sum(-1)
+        grad_g = _reverse_cumsum_(grad_b)  # b_i sums g_t for t <= i
 
         def back(x):  # [B, H, N, C, D] -> [B, T, H, D] (a view)
             return x.flatten(2, 3).transpose(1, 2)
@@ -257,19 +260,20 @@ def _chunked(x: torch.Tensor, chunk_size: int) -> torch.Tensor:  # [B, T, H, D] 
 
 def _bmm(a, b, add=None, alpha: float = 1.0, beta: float = 1.0) -> torch.Tensor:
     """alpha a @ b (+ beta add) over [B, H, N] batch dims as one batched matmul: bmm takes transposed
-    operands as they are, where a 5-D matmul would copy them."""
+    operands as they are, where a 5-D matmul would copy them. `add` (a contiguous temporary, as every
+    caller passes) is accumulated into in place: an out-of-place baddbmm would first copy it."""
     a3, b3 = a.flatten(0, -3), b.flatten(0, -3)
     if add is None:
         out = torch.bmm(a3, b3) if alpha == 1.0 else torch.baddbmm(a3.new_empty(()), a3, b3, beta=0.0, alpha=alpha)
     else:
-        out = torch.baddbmm(add.flatten(0, -3), a3, b3, beta=beta, alpha=alpha)
+        out = add.flatten(0, -3).baddbmm_(a3, b3, beta=beta, alpha=alpha)
     return out.view(*a.shape[:-1], b.shape[-1])
 
 
 def _chunk_parts(q, k, g, chunk_size) -> _ChunkParts:
     """Decays and decayed q, k, from [B, T, H, K] inputs; the first op on each also makes [B, H, N, C, K]."""
     q_c, k_c, g_c = (_chunked(x, chunk_size) for x in (q, k, g))
-    b = g_c.cumsum(-2)  # log decay from the chunk's start through position i, <= 0
+    b = _cumulative_gates(g, chunk_size)  # log decay from the chunk's start through position i, <= 0
     total = b[..., -1:, :]  # [B, H, N, 1, K]: over the whole chunk
     decay_in = b.exp()  # <= 1
     decay_out = torch.sub(total, b).exp_()  # from after position j to the chunk's end, <= 1
@@ -294,22 +298,51 @@ def _scores(parts: _ChunkParts, scale: float) -> torch.Tensor:
 
 def _scan_states(state, chunk_decay, updates):
     """S_{n+1} = exp(B_n) S_n + U_n from [B, H, K, V], [B, H, N, K, 1], [B, H, N, K, V]:
-    (the states entering each chunk [B, H, N, K, V], the state after the last)."""
-    states = []
-    # unbind, not indexing: one op to split, and one stack to join.
-    for decay, update in zip(chunk_decay.unbind(2), updates.unbind(2)):
-        states.append(state)
-        state = torch.addcmul(update, decay, state)
-    return torch.stack(states, dim=2), state
+    (the states entering each chunk [B, H, N, K, V], the state after the last). Eager, each entry
+    state is written in place into one tensor (no list to stack); compiled, a list and one stack."""
+    decays, updates = chunk_decay.unbind(2), updates.unbind(2)  # unbind: one op to split
+    if _compiling():
+        states = []
+        for decay, update in zip(decays, updates):
+            states.append(state)
+            state = torch.addcmul(update, decay, state)
+        return torch.stack(states, dim=2), state
+    states = torch.empty(*state.shape[:2], len(updates), *state.shape[2:], dtype=updates[0].dtype, device=state.device)
+    entry = states.unbind(2)
+    entry[0].copy_(state)
+    for decay, update, before, after in zip(decays, updates, entry, entry[1:]):
+        torch.addcmul(update, decay, before, out=after)
+    return states, torch.addcmul(updates[-1], decays[-1], entry[-1])
 
 
-def _eager_chunk_terms(q, k, v_c, g, scale: float, chunk_size: int):
-    """(q exp(b), exp(B) [B, H, N, K, 1], scores [B, H, N, C, C], updates [B, H, N, K, V]) in the fewest
-    full-size passes: one decay factor per position, exp(b); queries q exp(b), keys k exp(-b) (at most
-    e^RANGE |k| in a factorised chunk); each chunk's update (k exp(-b))^T v scaled by exp(B) after the
-    matmul ([K, V] rows, not [C, K] keys); explicit chunks get scores and updates in their own form."""
-    q_c, k_c, g_c = (_chunked(x, chunk_size) for x in (q, k, g))
-    decay_in = g_c.cumsum(-2).exp_()  # [B, H, N, C, K]: exp(b), contiguous
+def _reverse_scan(grad_final, chunk_decay, from_outputs):
+    """The state gradients, last chunk first: dS_n = exp(B_n) dS_{n+1} + from_outputs_n, from
+    [B, H, K, V], [B, H, N, K, 1], [B, H, N, K, V]: (the gradient of each chunk's exit state
+    [B, H, N, K, V], that of the initial state). Eager, written in place (no list to stack)."""
+    decays, terms = chunk_decay.unbind(2), from_outputs.unbind(2)
+    if _compiling():
+        grad_after, grad_state = [], grad_final
+        for decay, term in zip(reversed(decays), reversed(terms)):
+            grad_after.append(grad_state)
+            grad_state = torch.addcmul(term, decay, grad_state)
+        return torch.stack(grad_after[::-1], dim=2), grad_state
+    grad_after = torch.empty_like(from_outputs)
+    after = grad_after.unbind(2)
+    after[-1].copy_(grad_final)
+    for decay, term, later, earlier in zip(decays[:0:-1], terms[:0:-1], after[:0:-1], after[-2::-1]):
+        torch.addcmul(term, decay, later, out=earlier)
+    return grad_after, torch.addcmul(terms[0], decays[0], after[0])
+
+
+def _eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
+    """The forward without a compiler, in the fewest full-size passes: (o [B, T, H, V], final state,
+    the [B, H, N, K, V] states entering each chunk), from [B, T, H, D] inputs (T a multiple of C).
+
+    One decay factor per position, exp(b); queries q exp(b), keys k exp(-b) (at most e^RANGE |k| in
+    a factorised chunk); each chunk's update (k exp(-b))^T v scaled by exp(B) after the matmul ([K, V]
+    rows, not [C, K] keys); explicit chunks get scores and updates in their own form."""
+    q_c, k_c, v_c = (_chunked(x, chunk_size) for x in (q, k, v))
+    decay_in = _cumulative_gates(g, chunk_size).exp_()  # [B, H, N, C, K]: exp(b), contiguous
     chunk_decay = decay_in[..., -1, :].unsqueeze(-1).clone()  # [B, H, N, K, 1]: exp(B)
     queries_in = torch.mul(decay_in, q_c)  # decay first: the result takes its contiguous layout
     explicit = chunk_decay.amin((-2, -1)) < math.exp(-FACTORISED_LOG_RANGE)  # [B, H, N]: B < -RANGE somewhere
@@ -318,14 +351,55 @@ def _eager_chunk_terms(q, k, v_c, g, scale: float, chunk_size: int):
         # them finite (no inf * 0 = nan in a matmul, no slow denormals) and leaves factorised ones alone.
         decay_in.clamp_(min=math.exp(-FACTORISED_LOG_RANGE))
     keys_in = torch.div(k_c, decay_in, out=decay_in)  # k exp(-b), in exp(b)'s memory
+    v_c = v_c.contiguous()  # [B, H, N, C, V]
     scores = _bmm(queries_in, keys_in.transpose(-1, -2), alpha=scale).tril_()
     updates = _bmm(keys_in.transpose(-1, -2), v_c).mul_(chunk_decay)  # (k exp(B - b))^T v
     scores, updates = _replace_explicit(
         explicit, (scores, updates),
         lambda q_e, k_e, v_e, g_e: (_explicit_scores(q_e, k_e, g_e, scale), _explicit_updates(k_e, v_e, g_e)),
-        (q_c, k_c, v_c, g_c),
+        (q_c, k_c, v_c, _chunked(g, chunk_size)),
     )
-    return queries_in, chunk_decay, scores, updates
+    states, final = _scan_states(state, chunk_decay, updates)  # [B, H, N, K, V], [B, H, K, V]
+    # o = scores v + scale (q exp(b)) S_entry: the second added in place by the same batched matmul.
+    o = _bmm(scores, v_c)
+    o.flatten(0, 2).baddbmm_(queries_in.flatten(0, 2), states.flatten(0, 2), alpha=scale)
+    return o.flatten(2, 3).transpose(1, 2), final, states
+
+
+def _cumulative_gates(g, chunk_size: int) -> torch.Tensor:
+    """b [B, H, N, C, K] (contiguous) from g [B, T, H, K]: the log gate summed from each chunk's start.
+
+    Eager, in blocks of CUMSUM_BLOCK positions: position by position inside every block at once
+    (CUMSUM_BLOCK - 1 adds of [B, H, N, C / CUMSUM_BLOCK, K] rows, each reading g where it is), then
+    each block plus the last row of the one before (C / CUMSUM_BLOCK - 1 adds). torch.cumsum over a
+    strided dim of length C runs a scalar loop per element (with the exp, 0.68-0.73 ms per 2,048-token
+    segment against 0.62 ms for these adds; docs/gla.md); and unlike a loop over C single rows, every
+    add here is large enough (64K elements at 2,048 tokens, H=4, K=64) for PyTorch to split over
+    threads. Compiled, one cumsum (the loops would unroll into nodes)."""
+    g_c = _chunked(g, chunk_size)
+    if _compiling():
+        return g_c.cumsum(-2)
+    blocked = g_c.unflatten(-2, (chunk_size // CUMSUM_BLOCK, CUMSUM_BLOCK))  # [B, H, N, blocks, rows, K]
+    b = torch.empty(blocked.shape, dtype=g.dtype, device=g.device)
+    rows, g_rows = b.unbind(-2), blocked.unbind(-2)
+    rows[0].copy_(g_rows[0])
+    for previous, row, g_row in zip(rows, rows[1:], g_rows[1:]):
+        torch.add(previous, g_row, out=row)
+    blocks = b.unbind(-3)
+    for previous, block in zip(blocks, blocks[1:]):
+        block.add_(previous[..., -1:, :])
+    return b.flatten(-3, -2)
+
+
+def _reverse_cumsum_(x: torch.Tensor) -> torch.Tensor:
+    """x [..., C, D] summed from each position to the chunk's end: eager, in place by C row adds
+    (flip-cumsum-flip costs two copies and a scalar scan); compiled, that flip-cumsum-flip."""
+    if _compiling():
+        return x.flip(-2).cumsum(-2).flip(-2)
+    rows = x.unbind(-2)
+    for later, row in zip(rows[::-1], rows[-2::-1]):
+        row.add_(later)
+    return x
 
 
 # ---------------------------------------------------------------- the explicit form, per chunk

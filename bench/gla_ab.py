@@ -1,0 +1,107 @@
+"""gla_chunk now vs as of a git revision, A/B in one process: forward (no grad) and forward+backward.
+
+    python bench/gla_ab.py --before f8c9905 --threads 1   -> bench/results/gla_ab.json, a table
+
+For a loaded machine, where gla_bench.py's best-of-rounds is noisy: many rounds, each timing every
+(version, mode) once in a new random order, medians and quartiles as well as minima, and the load
+average. --wipe touches 256 MB before every call, so that each starts with cold caches (as after
+gla_bench.py's SDPA rows). Width as gla_bench.py: B=1, H=4, K=V=64, float32, C=64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from assay.core.files import atomic_write_json
+from assay.core.metrics import measure_peak_flops
+from assay.core.output import print_table
+from assay.ops import gla_chunk
+from gla_bench import CHUNK, RESULTS, floor_flops, load_before, make_inputs
+
+
+def run(before_rev: str, time_steps: int, rounds: int, wipe: bool) -> dict:
+    versions = {"now": gla_chunk, before_rev: load_before(before_rev)}
+    inputs = make_inputs(time_steps)
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    scratch = torch.zeros(64 * 2**20) if wipe else None
+
+    def call(fn, mode):
+        if mode == "fwd":
+            with torch.no_grad():
+                fn(*inputs, chunk_size=CHUNK)
+        else:
+            for x in leaves:
+                x.grad = None
+            fn(*leaves, chunk_size=CHUNK)[0].sum().backward()
+
+    jobs = [(name, mode) for name in versions for mode in ("fwd", "fwd+bwd")]
+    for name, mode in jobs:  # warm-up
+        call(versions[name], mode)
+    times = {job: [] for job in jobs}
+    loads, rates = [], []
+    for round_index in range(rounds):
+        rates.append(measure_peak_flops("cpu", n=512, repeats=3))
+        loads.append(os.getloadavg()[0])
+        order = jobs[:]
+        random.Random(round_index).shuffle(order)
+        for name, mode in order:
+            if scratch is not None:
+                scratch.add_(1.0)
+            start = time.perf_counter()
+            call(versions[name], mode)
+            times[(name, mode)].append(time.perf_counter() - start)
+    rate = max(rates)
+    rows = []
+    for (name, mode), samples in times.items():
+        quartiles = statistics.quantiles(samples, n=4)
+        floor = floor_flops(time_steps, mode) / rate
+        rows.append({
+            "version": name, "mode": mode, "T": time_steps, "min_s": min(samples), "q1_s": quartiles[0],
+            "median_s": quartiles[1], "runs": len(samples), "floor_s": floor, "median_times_floor": quartiles[1] / floor,
+        })
+    return {
+        "config": {
+            "before": before_rev, "T": time_steps, "rounds": rounds, "wipe_caches": wipe, "threads": torch.get_num_threads(),
+            "chunk_size": CHUNK, "torch": torch.__version__, "loadavg_1min_per_round": loads, "loadavg_end": os.getloadavg(),
+        },
+        "matmul_rate_flops": rate,
+        "rows": rows,
+        "median_speedup_vs_before": {
+            mode: next(r["median_s"] for r in rows if r["version"] == before_rev and r["mode"] == mode)
+            / next(r["median_s"] for r in rows if r["version"] == "now" and r["mode"] == mode)
+            for mode in ("fwd", "fwd+bwd")
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default="f8c9905", help="git revision whose gla_chunk is the reference")
+    parser.add_argument("--T", type=int, default=4096, help="sequence length")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds")
+    parser.add_argument("--wipe", action="store_true", help="touch 256 MB before every call (cold caches)")
+    parser.add_argument("--out", default=str(RESULTS / "gla_ab.json"), help="JSON path")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    result = run(args.before, args.T, args.rounds, args.wipe)
+    atomic_write_json(Path(args.out), result)
+    table = [
+        {"version": r["version"], "mode": r["mode"], "min ms": f"{1000 * r['min_s']:.2f}", "q1 ms": f"{1000 * r['q1_s']:.2f}",
+         "median ms": f"{1000 * r['median_s']:.2f}", "median / floor": f"{r['median_times_floor']:.2f}"}
+        for r in result["rows"]
+    ]
+    print_table(table, list(table[0].keys()), title=f"gla_chunk A/B, T={args.T}, {args.threads} thread(s)")
+    print(f"median speedup vs {args.before}: {result['median_speedup_vs_before']}; load {result['config']['loadavg_end']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
