@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--init-std", type=float, default=RecallSweepRequest.init_std, help="std of the random initial matrices")
     parser.add_argument("--curriculum", action="store_true")
     parser.add_argument("--eval-examples", type=int, default=128)
     parser.add_argument("--workers", type=int, default=3, help="models trained at once (one process each)")
@@ -68,7 +69,7 @@ def main() -> None:
     base = RecallSweepRequest(
         out=work, widths=widths, gla_states=gla_states, pairs=tuple(int(x) for x in options.pairs.split(",")), seq_len=options.seq_len,
         budget_min=options.budget_min, until_accuracy=options.until_accuracy, eval_every=options.eval_every, batch=options.batch,
-        lr=options.lr, curriculum=options.curriculum, layout=layout, eval_examples=options.eval_examples,
+        lr=options.lr, init_std=options.init_std, curriculum=options.curriculum, layout=layout, eval_examples=options.eval_examples,
     )
     load_before = os.getloadavg()
     started = time.monotonic()

@@ -26,6 +26,11 @@ def _names(text: str) -> tuple[str, ...]:
     return comma_list("--arch", text, required=False)
 
 
+def _given(**options) -> dict:
+    """The options the user gave (not None): the rest keep their dataclass defaults, defined once there."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
 def _state_setting(text: str) -> tuple[int, float]:
     heads, _, expand_k = text.partition(":")
     return int(heads), float(expand_k)
@@ -53,6 +58,7 @@ def register(app: typer.Typer) -> None:
         layers: int = typer.Option(2, "--layers"),
         heads: int = typer.Option(4, "--heads"),
         hidden: int = typer.Option(128, "--hidden", help="SwiGLU width"),
+        init_std: Optional[float] = typer.Option(None, "--init-std", help="std of the random initial matrices, both architectures (default: ModelSize's)"),
         keys: int = typer.Option(256, "--keys", help="key (and value) tokens in the MQAR vocabulary; chance is 1/keys"),
         filler: Optional[int] = typer.Option(None, "--filler", help="filler token ids (default: the rest of the zoo's 1,024); the vocabulary is 64 + 2 x keys + filler"),
         eval_examples: int = typer.Option(64, "--eval-examples", help="scored sequences per pair count"),
@@ -74,7 +80,7 @@ def register(app: typer.Typer) -> None:
 
         request = RecallTrainRequest(
             out=out, archs=_names(arch), pairs=_ints("--pairs", pairs), seq_lens=_ints("--seq-len", seq_len), steps=steps,
-            budget_min=budget_min, until_accuracy=until_accuracy, eval_every=eval_every, curriculum=curriculum, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden),
+            budget_min=budget_min, until_accuracy=until_accuracy, eval_every=eval_every, curriculum=curriculum, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden, **_given(init_std=init_std)),
             layout=layout_for(keys, filler), eval_examples=eval_examples, seed=seed, device=device, threads=threads,
             progress=not json_out,
         )
@@ -101,6 +107,7 @@ def register(app: typer.Typer) -> None:
         curriculum: bool = typer.Option(False, "--curriculum", help="start on the fewest pairs, add counts as they reach the target"),
         batch: int = typer.Option(64, "--batch"),
         lr: float = typer.Option(3e-3, "--lr"),
+        init_std: Optional[float] = typer.Option(None, "--init-std", help="std of the random initial matrices, both architectures (default: ModelSize's)"),
         keys: int = typer.Option(64, "--keys", help="key (and value) tokens; chance is 1/keys"),
         filler: Optional[int] = typer.Option(None, "--filler", help="filler token ids (default: the rest of the zoo's 1,024); the vocabulary is 64 + 2 x keys + filler"),
         eval_examples: int = typer.Option(64, "--eval-examples"),
@@ -118,7 +125,7 @@ def register(app: typer.Typer) -> None:
             out=out, widths=_ints("--widths", widths), gla_states=comma_list("--gla-states", gla_states, _state_setting),
             archs=_names(arch), pairs=_ints("--pairs", pairs), seq_len=seq_len, budget_min=budget_min, until_accuracy=until_accuracy,
             steps=steps, curriculum=curriculum, batch=batch, lr=lr, layout=layout_for(keys, filler),
-            eval_examples=eval_examples, seed=seed, progress=not json_out,
+            eval_examples=eval_examples, seed=seed, progress=not json_out, **_given(init_std=init_std),
         )
         result = run_sweep(request)
         png = plot_sweep(result.rows, plot or out / "sweep.png", chance=request.layout.chance)

@@ -47,6 +47,9 @@ class ModelSize:
     vocab_size: int = 1024
     max_seq_len: int = 8192  # attention's rotary table (and the needle's longest prompt); GLA records it only
     gla_expand_k: float = 0.5  # GLA's key width / dim: with n_heads, sets its state (n_layers x dim^2 x expand_k / heads)
+    # Standard deviation of the random matrices (both architectures). Transformers' 0.02 is a small init at
+    # width 64: the two-layer lookup circuit then sits on the copy plateau for thousands of steps (docs/recall.md).
+    init_std: float = 0.02
 
 
 def _spec(arch: str):
@@ -68,9 +71,9 @@ def model_args(arch: str, size: ModelSize):
 
 
 def build_model(arch: str, size: ModelSize, seed: int = 0):
-    """A randomly initialised native model (std 0.02, each architecture's default init)."""
+    """A randomly initialised native model: normal(0, size.init_std) matrices, unit norms (Transformers' init)."""
     args = model_args(arch, size)
-    return _spec(arch).build(args, "cpu", torch.float32, seed), args
+    return _spec(arch).model_cls.build(args, "cpu", torch.float32, seed, std=size.init_std), args
 
 
 def param_count(model: torch.nn.Module) -> int:

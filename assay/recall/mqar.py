@@ -1,11 +1,14 @@
 """Multi-query associative recall (MQAR, Arora et al. 2023, "Zoology"): the generator and the scorer.
 
 A sequence of `seq_len` tokens:
-    k1 v1 k2 v2 ... kN vN | f f k3 v3 f k1 v1 f f f k2 v2 ... f
+    k1 v1 k2 v2 ... kN vN | f f k3 f f k1 f f f f k2 f ... f
      N key-value pairs      a query region: every key asked once, in a random order, at random
-                            two-token slots among filler tokens, each followed by its value
+                            two-token slots among filler tokens; the slot's second token is filler
 The model reads the sequence left to right; at a query key it must predict the value that key was
-paired with. Labels are IGNORE_INDEX (-100) everywhere except those answer positions, so loss and
+paired with. As in Zoology, an answer never appears in the input after its query: when it did (this
+generator before issue 19), the values already shown in the query region told a model which values
+were left, and "a prefix value not yet shown" scores 1/N + 1/(N-1) + ... + 1 over N queries (52% at
+4 pairs, 21% at 16) with no key matched: attention trained on that layout settled exactly there. Labels are IGNORE_INDEX (-100) everywhere except those answer positions, so loss and
 accuracy count only recall, never the filler or the pairs' own values (unpredictable by design).
 
 Token ranges are disjoint slices of the model's vocabulary, above the tokenizer's special tokens:
@@ -110,7 +113,8 @@ def make_sequence(spec: MQARSpec, seq_len: int, pairs: int, generator: torch.Gen
     labels = torch.full((seq_len,), IGNORE_INDEX, dtype=torch.long)
     inputs[0 : 2 * pairs : 2] = keys
     inputs[1 : 2 * pairs : 2] = values
-    # Query slots: two-token slots of the query region, chosen uniformly and kept in order.
+    # Query slots: two-token slots of the query region, chosen uniformly and kept in order; the slot's
+    # second token stays filler (never the answer: see the module docstring).
     # (Zoology biases slots towards the start with a power law; uniform spreads the recall distance.)
     region_start = 2 * pairs
     n_slots = (seq_len - region_start) // 2
@@ -118,7 +122,6 @@ def make_sequence(spec: MQARSpec, seq_len: int, pairs: int, generator: torch.Gen
     asked = torch.randperm(pairs, generator=generator)  # which pair each slot asks about
     positions = region_start + 2 * slots
     inputs[positions] = keys[asked]
-    inputs[positions + 1] = values[asked]
     labels[positions] = values[asked]
     return inputs, labels
 

@@ -38,6 +38,7 @@ class RecallSweepRequest:
     seq_len: int = 64
     n_layers: int = 2
     hidden_ratio: int = 2  # SwiGLU width = ratio x dim
+    init_std: float = ModelSize.init_std
     budget_min: float | None = 3.0
     until_accuracy: float | None = 0.9
     steps: int | None = None
@@ -79,7 +80,7 @@ def sweep_points(request: RecallSweepRequest) -> list[SweepPoint]:
     points = []
     for dim in request.widths:
         base = ModelSize(dim=dim, n_layers=request.n_layers, n_heads=request.attention_heads, hidden_dim=request.hidden_ratio * dim,
-                         vocab_size=request.layout.vocab_size)
+                         vocab_size=request.layout.vocab_size, init_std=request.init_std)
         gla_sizes = [replace(base, n_heads=heads, gla_expand_k=expand_k) for heads, expand_k in request.gla_states]
         for size in gla_sizes:
             if dim % size.n_heads or (dim * size.gla_expand_k) % size.n_heads:

@@ -108,6 +108,8 @@ def _validate(request: RecallTrainRequest) -> None:
     for seq_len in request.seq_lens:
         if seq_len < 4 or seq_len > request.size.max_seq_len:
             raise AssayError(f"--seq-len {seq_len}: expected 4 to {request.size.max_seq_len}")
+    if not (request.size.init_std > 0 and math.isfinite(request.size.init_std)):
+        raise AssayError(f"--init-std must be a positive number (got {request.size.init_std})")
     if request.batch < 1 or request.eval_examples < 1:
         raise AssayError("--batch and --eval-examples must be >= 1")
     if request.tokens_per_step is not None and request.tokens_per_step < max(request.seq_lens):

@@ -61,6 +61,7 @@ def test_needle_command_prints_json_grid_and_heat_map(recall_run, tmp_path, assa
     (["recall", "report", "/nonexistent/dir"], "no results.json"),
     (["recall", "train", "--out", "X", "--steps", "1", "--until-accuracy", "1.5"], "--until-accuracy must be in (0, 1]"),
     (["recall", "train", "--out", "X", "--steps", "1", "--curriculum"], "--curriculum adds pair counts"),
+    (["recall", "train", "--out", "X", "--steps", "1", "--init-std", "0"], "--init-std must be a positive number"),
     (["recall", "sweep", "--out", "X", "--widths", "30"], "--widths 30"),
     (["recall", "sweep", "--out", "X", "--gla-states", "4:x"], "--gla-states"),
 ])

@@ -10,7 +10,7 @@ import torch
 
 from assay.core.numerics import rel_error, tolerance
 from assay.recall.models import ModelSize, build_model, matched_params, state_bytes
-from assay.recall.mqar import IGNORE_INDEX, MQARSpec, make_batch
+from assay.recall.mqar import IGNORE_INDEX, MQARSpec, layout_for, make_batch
 from assay.recall.train import RecallTrainRequest, train_recall
 from assay.train.trainer import next_token_loss
 
@@ -38,23 +38,28 @@ def test_architectures_are_matched_in_size_and_differ_in_state():
 
 
 @pytest.mark.slow
-def test_attention_learns_mqar_well_above_chance(tmp_path):
-    # Small on purpose (about a minute): 4 pairs in 32 tokens, 16 keys and 16 values, 250 steps of 64 sequences.
-    layout = MQARSpec(n_keys=16, n_values=16)
-    request = RecallTrainRequest(
-        out=tmp_path, archs=("qwen3",), pairs=(4,), seq_lens=(32,), steps=250, batch=64, lr=3e-3, layout=layout,
-        eval_examples=64, seed=0,
-    )
-    result = train_recall(request)
-    (row,) = result.rows
-    assert row["status"] == "ok" and row["steps"] == 250 and row["total"] == 64 * 4
-    # Chance (a uniform guess among values) is 1/16; copying any value seen in the sequence scores 1/4.
-    # Measured about 0.4 here; above 3x chance and above the copy heuristic means keys were matched.
-    assert row["accuracy"] >= 3 * layout.chance
-    assert row["accuracy"] > 1 / 4
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["rows"][0]["accuracy"] == row["accuracy"]
-    assert (tmp_path / "models" / "qwen3-L32" / "recall.json").is_file()
+def test_attention_learns_mqar_and_the_initial_scale_sets_its_plateau(tmp_path):
+    # 4 pairs in 16 tokens, 8 keys, 500 steps of 64 sequences through the trainer (about 10 s a model).
+    # Keys are only matched once a two-layer circuit forms (a previous-token head, then a head matching the
+    # query key); until then the model copies some value of the sequence (25%, about 37% here because
+    # 8 values repeat) and the loss is flat. From Transformers' std 0.02 that plateau lasts about 2,000
+    # steps (measured: 37.5% at step 500, 95% at 3,000); from std 0.05 the circuit forms by step 500
+    # (measured: 100%). Same seed, data and steps: only the initial scale differs.
+    layout = layout_for(8, 64)
+    accuracy = {}
+    for std in (0.02, 0.05):
+        request = RecallTrainRequest(
+            out=tmp_path / f"std{std}", archs=("qwen3",), pairs=(4,), seq_lens=(16,), steps=500, batch=64, lr=3e-3, layout=layout,
+            size=ModelSize(init_std=std), eval_examples=64, seed=0,
+        )
+        (row,) = train_recall(request).rows
+        assert row["status"] == "ok" and row["steps"] == 500 and row["total"] == 64 * 4
+        accuracy[std] = row["accuracy"]
+    assert accuracy[0.05] >= 0.9  # keys matched: no copying heuristic gets near this
+    assert accuracy[0.02] < 0.6  # still on the copy plateau
+    saved = json.loads((tmp_path / "std0.05" / "results.json").read_text())
+    assert saved["rows"][0]["accuracy"] == accuracy[0.05]
+    assert (tmp_path / "std0.05" / "models" / "qwen3-L16" / "recall.json").is_file()
 
 
 def test_gla_prefill_then_decode_gives_the_answers_of_one_pass():
