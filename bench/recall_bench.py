@@ -54,6 +54,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--init-std", type=float, default=RecallSweepRequest.init_std, help="std of the random initial matrices")
     parser.add_argument("--curriculum", action="store_true")
+    parser.add_argument("--short-first", type=int, default=None, help="the length curriculum: first this many tokens per sequence")
+    parser.add_argument("--attention-heads", type=int, default=RecallSweepRequest.attention_heads, help="attention's heads at every width")
     parser.add_argument("--eval-examples", type=int, default=128)
     parser.add_argument("--workers", type=int, default=3, help="models trained at once (one process each)")
     parser.add_argument("--needle-width", type=int, default=64)
@@ -69,7 +71,7 @@ def main() -> None:
     base = RecallSweepRequest(
         out=work, widths=widths, gla_states=gla_states, pairs=tuple(int(x) for x in options.pairs.split(",")), seq_len=options.seq_len,
         budget_min=options.budget_min, until_accuracy=options.until_accuracy, eval_every=options.eval_every, batch=options.batch,
-        lr=options.lr, init_std=options.init_std, curriculum=options.curriculum, layout=layout, eval_examples=options.eval_examples,
+        lr=options.lr, init_std=options.init_std, curriculum=options.curriculum, short_first=options.short_first, attention_heads=options.attention_heads, layout=layout, eval_examples=options.eval_examples,
     )
     load_before = os.getloadavg()
     started = time.monotonic()
@@ -88,7 +90,8 @@ def main() -> None:
     torch.set_num_threads(1)  # as in training: tiny models on a shared 2-core machine run best on one thread
     needles = []
     for model in models:
-        if f"-d{options.needle_width}-h4" not in model["name"] or (model["arch"] == "gla" and not model["name"].endswith("k0.5")):
+        wanted = {"qwen3": f"-d{options.needle_width}-h{options.attention_heads}", "gla": f"-d{options.needle_width}-h4-k0.5"}
+        if not model["name"].endswith(wanted[model["arch"]]):
             continue  # the width's attention model and its GLA at the default state (4 heads, expand_k 0.5)
         needle = run_needle(NeedleRequest(
             model=model["checkpoint"], lengths=tuple(int(x) for x in options.needle_lengths.split(",")),

@@ -50,6 +50,7 @@ def register(app: typer.Typer) -> None:
         until_accuracy: Optional[float] = typer.Option(None, "--until-accuracy", help="stop a model once every pair count reaches this validation accuracy (0-1)"),
         eval_every: int = typer.Option(100, "--eval-every", help="steps between validation scores"),
         curriculum: bool = typer.Option(False, "--curriculum", help="start on the fewest pairs, add the next count when the active ones reach --until-accuracy"),
+        short_first: Optional[int] = typer.Option(None, "--short-first", help="train first on sequences of this many tokens (as many tokens per step), move to the full length when they reach --until-accuracy"),
         steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps per model (the schedule's length)"),
         batch: int = typer.Option(32, "--batch", help="sequences per step"),
         tokens_per_step: Optional[int] = typer.Option(None, "--tokens-per-step", help="instead of --batch: batch = this // seq_len per length"),
@@ -80,7 +81,7 @@ def register(app: typer.Typer) -> None:
 
         request = RecallTrainRequest(
             out=out, archs=_names(arch), pairs=_ints("--pairs", pairs), seq_lens=_ints("--seq-len", seq_len), steps=steps,
-            budget_min=budget_min, until_accuracy=until_accuracy, eval_every=eval_every, curriculum=curriculum, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden, **_given(init_std=init_std)),
+            budget_min=budget_min, until_accuracy=until_accuracy, eval_every=eval_every, curriculum=curriculum, short_first=short_first, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden, **_given(init_std=init_std)),
             layout=layout_for(keys, filler), eval_examples=eval_examples, seed=seed, device=device, threads=threads,
             progress=not json_out,
         )
@@ -105,6 +106,8 @@ def register(app: typer.Typer) -> None:
         until_accuracy: Optional[float] = typer.Option(0.9, "--until-accuracy", help="stop a model once every pair count reaches this validation accuracy"),
         steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps per model (the schedule's length)"),
         curriculum: bool = typer.Option(False, "--curriculum", help="start on the fewest pairs, add counts as they reach the target"),
+        short_first: Optional[int] = typer.Option(None, "--short-first", help="train first on sequences of this many tokens, then the full length (as recall train)"),
+        attention_heads: int = typer.Option(4, "--attention-heads", help="attention's heads at every width"),
         batch: int = typer.Option(64, "--batch"),
         lr: float = typer.Option(3e-3, "--lr"),
         init_std: Optional[float] = typer.Option(None, "--init-std", help="std of the random initial matrices, both architectures (default: ModelSize's)"),
@@ -124,7 +127,7 @@ def register(app: typer.Typer) -> None:
         request = RecallSweepRequest(
             out=out, widths=_ints("--widths", widths), gla_states=comma_list("--gla-states", gla_states, _state_setting),
             archs=_names(arch), pairs=_ints("--pairs", pairs), seq_len=seq_len, budget_min=budget_min, until_accuracy=until_accuracy,
-            steps=steps, curriculum=curriculum, batch=batch, lr=lr, layout=layout_for(keys, filler),
+            steps=steps, curriculum=curriculum, short_first=short_first, attention_heads=attention_heads, batch=batch, lr=lr, layout=layout_for(keys, filler),
             eval_examples=eval_examples, seed=seed, progress=not json_out, **_given(init_std=init_std),
         )
         result = run_sweep(request)

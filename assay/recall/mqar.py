@@ -163,6 +163,53 @@ class MQARBatches:
         return step * self.batch * self.seq_len
 
 
+class ShortFirst:
+    """A length curriculum as a batch source: `short` (sequences of fewer tokens, as many tokens per
+    step) until `advance()`, then `main`. Recall needs a two-layer circuit (a previous-token head, then a
+    head matching the query key against it); in short sequences each query is a larger share of the
+    tokens and the circuit forms within a few hundred steps, and attention's relative positions carry it
+    to the full length (docs/recall.md, "Short first"). `pair_counts` is the main stage's (the pair
+    curriculum adds to it)."""
+
+    def __init__(self, short: MQARBatches, main: MQARBatches):
+        self.short, self.main = short, main
+        self.current = short
+        self.switched_at: int | None = None  # the step the main stage started at
+
+    @property
+    def pair_counts(self) -> list[int]:
+        return self.main.pair_counts
+
+    @pair_counts.setter
+    def pair_counts(self, counts: list[int]) -> None:
+        self.main.pair_counts = counts
+
+    @property
+    def on_short(self) -> bool:
+        return self.current is self.short
+
+    def advance(self, step: int) -> None:
+        self.current, self.switched_at = self.main, step
+
+    def batch_for(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.current.batch_for(step)
+
+    def tokens_consumed(self, step: int) -> int:
+        return step * self.main.batch * self.main.seq_len  # both stages take the same tokens per step
+
+
+def short_pair_counts(spec: MQARSpec, short_len: int, pair_counts: list[int]) -> list[int]:
+    """The pair counts a `short_len`-token stage trains: those of `pair_counts` that fit, else the most
+    that fit (short_len // 4). AssayError if not even one pair fits."""
+    fitting = [p for p in pair_counts if check_fits(spec, short_len, p) is None]
+    if fitting:
+        return fitting
+    most = min(short_len // 4, spec.n_keys)
+    if most < 1:
+        raise AssayError(f"--short-first {short_len}: too short for one key-value pair (needs >= 4 tokens)")
+    return [most]
+
+
 # ---------------------------------------------------------------- scoring
 
 # predict(inputs [B, T]) -> predicted token ids [B, T] (argmax of logits for a model)

@@ -44,6 +44,7 @@ class RecallSweepRequest:
     steps: int | None = None
     eval_every: int = 100
     curriculum: bool = False
+    short_first: int | None = None  # the length curriculum (RecallTrainRequest.short_first)
     batch: int = 64
     lr: float = 3e-3
     warmup_steps: int = 50
@@ -97,6 +98,8 @@ def sweep_points(request: RecallSweepRequest) -> list[SweepPoint]:
 def _validate(request: RecallSweepRequest) -> None:
     if not request.widths or not request.pairs or not request.archs:
         raise AssayError("--widths, --pairs and --arch each need at least one value")
+    if request.attention_heads < 1:
+        raise AssayError(f"--attention-heads must be >= 1 (got {request.attention_heads})")
     for dim in request.widths:
         if dim < 8 or dim % request.attention_heads:
             raise AssayError(f"--widths {dim}: expected a multiple of {request.attention_heads} (attention heads), at least 8")
@@ -120,7 +123,7 @@ def run_sweep(request: RecallSweepRequest) -> RecallSweepResult:
         trained = train_recall(RecallTrainRequest(
             out=out / "runs" / f"{point.arch}{point.tag}", archs=(point.arch,), pairs=request.pairs, seq_lens=(request.seq_len,),
             steps=request.steps, budget_min=request.budget_min, until_accuracy=request.until_accuracy, eval_every=request.eval_every,
-            curriculum=request.curriculum, batch=request.batch, lr=request.lr, warmup_steps=request.warmup_steps, size=point.size,
+            curriculum=request.curriculum, short_first=request.short_first, batch=request.batch, lr=request.lr, warmup_steps=request.warmup_steps, size=point.size,
             layout=request.layout, eval_examples=request.eval_examples, seed=request.seed, threads=request.threads,
             progress=request.progress, tag=point.tag,
         ))

@@ -37,7 +37,7 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json
 from assay.recall.models import ARCHS, ModelSize, build_model, matched_params, model_args, state_bytes, state_kind, write_checkpoint
-from assay.recall.mqar import MQARBatches, MQARSpec, check_fits, evaluate, model_predictor
+from assay.recall.mqar import MQARBatches, MQARSpec, ShortFirst, check_fits, evaluate, model_predictor, short_pair_counts
 
 RESULTS_FILE = "results.json"
 SCHEMA = "assay.recall.train/1"
@@ -58,6 +58,9 @@ class RecallTrainRequest:
     eval_every: int = 100  # steps between validation scores (with until_accuracy or curriculum)
     val_examples: int = 32  # validation sequences per pair count
     curriculum: bool = False
+    # A length curriculum: train on sequences of this many tokens (as many tokens per step, the pair
+    # counts that fit) until their validation reaches until_accuracy, then at the full length. None: off.
+    short_first: int | None = None
     batch: int = 32
     # Set: each length gets batch = tokens_per_step // seq_len, so every model sees the same tokens per step.
     tokens_per_step: int | None = None
@@ -98,6 +101,11 @@ def _validate(request: RecallTrainRequest) -> None:
         raise AssayError(f"--until-accuracy must be in (0, 1] (got {request.until_accuracy})")
     if request.curriculum and request.until_accuracy is None:
         raise AssayError("--curriculum adds pair counts when the active ones reach --until-accuracy: give it")
+    if request.short_first is not None:
+        if request.until_accuracy is None:
+            raise AssayError("--short-first moves to the full length when the short sequences reach --until-accuracy: give it")
+        if request.short_first < 4:
+            raise AssayError(f"--short-first {request.short_first}: needs >= 4 tokens (one key-value pair and its query)")
     if request.eval_every < 1 or request.val_examples < 1:
         raise AssayError("--eval-every and --val-examples must be >= 1")
     for arch in request.archs:
@@ -185,7 +193,13 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
     del model
     batch = request.tokens_per_step // seq_len if request.tokens_per_step else request.batch
     active = pair_counts[:1] if request.curriculum else list(pair_counts)
-    source = MQARBatches(request.layout, seq_len, batch, active, seed=request.seed)
+    source = main = MQARBatches(request.layout, seq_len, batch, active, seed=request.seed)
+    short_len = request.short_first if request.short_first and request.short_first < seq_len else None
+    if short_len:
+        short_pairs = short_pair_counts(request.layout, short_len, pair_counts)
+        # As many tokens per step as the full length; its own seed, so the two stages never share a sequence.
+        short = MQARBatches(request.layout, short_len, max(1, batch * seq_len // short_len), short_pairs, seed=request.seed + 1)
+        source = ShortFirst(short, main)
 
     def make_trainer(steps: int) -> Trainer:
         # Weight decay 0: the embeddings of rarely drawn keys would be decayed towards zero between their uses.
@@ -219,8 +233,18 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
                       for p in pair_counts}
             loaded.model.train()
             history.append({"step": len(trainer.records), "cpu_minutes": clock.cpu_minutes(), "active_pairs": list(source.pair_counts),
+                            "stage_seq_len": short_len if short_len and source.on_short else seq_len,
                             "val_accuracy": {str(p): a for p, a in scores.items()}})
             return scores
+
+        def short_stage_done() -> bool:
+            # The short stage's own validation (its length, its pair counts), on the validation seed.
+            loaded.model.eval()
+            scores = {p: evaluate(predict, request.layout, short_len, p, request.val_examples, seed=request.seed + VALIDATION_SEED).accuracy
+                      for p in short_pairs}
+            loaded.model.train()
+            history[-1]["short_val_accuracy"] = {str(p): a for p, a in scores.items()}
+            return all(a >= request.until_accuracy for a in scores.values())
 
         with progress_bar(f"recall {name}", total=request.steps or 0, enabled=request.progress) as advance:
             # A calibrated horizon is a plan, not a limit: if the steps turn out cheaper than timed (the first
@@ -236,6 +260,8 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
                     if all(validation[p] >= request.until_accuracy for p in pair_counts):
                         stopped_by = "until-accuracy"
                         break
+                    if short_len and source.on_short and short_stage_done():
+                        source.advance(step + 1)
                     if request.curriculum and all(validation[p] >= request.until_accuracy for p in source.pair_counts):
                         source.pair_counts = pair_counts[: len(source.pair_counts) + 1]
         if watching and (not history or history[-1]["step"] != len(trainer.records)):
@@ -254,6 +280,8 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
         "steps_done": steps_done, "steps_planned": max_steps, "calibrated_step_cpu_s": step_cpu_s, "minutes": cpu_minutes, "wall_minutes": wall_minutes,
         "final_loss": record["loss"] if record else None, "final_lr": record["lr"] if record else None, "first_loss": trainer.records[0]["loss"] if trainer.records else None,
         "stopped_by": stopped_by, "target": request.until_accuracy,
+        # The length curriculum: the short length, and the steps spent on it (all of them if it never moved on).
+        "short_first": short_len, "short_steps": (source.switched_at if source.switched_at is not None else steps_done) if short_len else None,
         "converged": all(validation[p] >= request.until_accuracy for p in pair_counts) if watching else None,
         "validation": history,
     }

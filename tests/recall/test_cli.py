@@ -62,8 +62,11 @@ def test_needle_command_prints_json_grid_and_heat_map(recall_run, tmp_path, assa
     (["recall", "train", "--out", "X", "--steps", "1", "--until-accuracy", "1.5"], "--until-accuracy must be in (0, 1]"),
     (["recall", "train", "--out", "X", "--steps", "1", "--curriculum"], "--curriculum adds pair counts"),
     (["recall", "train", "--out", "X", "--steps", "1", "--init-std", "0"], "--init-std must be a positive number"),
+    (["recall", "train", "--out", "X", "--steps", "1", "--short-first", "16"], "--short-first moves to the full length"),
+    (["recall", "train", "--out", "X", "--steps", "1", "--short-first", "2", "--until-accuracy", "0.9"], "--short-first 2: needs >= 4 tokens"),
     (["recall", "sweep", "--out", "X", "--widths", "30"], "--widths 30"),
     (["recall", "sweep", "--out", "X", "--gla-states", "4:x"], "--gla-states"),
+    (["recall", "sweep", "--out", "X", "--attention-heads", "0"], "--attention-heads must be >= 1"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, assay_cli, args, message):
     args = [str(tmp_path / a) if a == "X" else a for a in args]
