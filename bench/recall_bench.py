@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--short-first", type=int, default=None, help="the length curriculum: first this many tokens per sequence")
     parser.add_argument("--attention-heads", type=int, default=RecallSweepRequest.attention_heads, help="attention's heads at every width")
     parser.add_argument("--eval-examples", type=int, default=128)
+    parser.add_argument("--patience", type=int, default=None, help="stop a model after this many validations without half a point of progress")
+    parser.add_argument("--short-conv", action="store_true", help="every GLA with fla's short convolutions on q, k, v")
     parser.add_argument("--workers", type=int, default=3, help="models trained at once (one process each)")
     parser.add_argument("--needle-width", type=int, default=64)
     parser.add_argument("--needle-lengths", default="64,256,1024")
@@ -72,6 +74,7 @@ def main() -> None:
         out=work, widths=widths, gla_states=gla_states, pairs=tuple(int(x) for x in options.pairs.split(",")), seq_len=options.seq_len,
         budget_min=options.budget_min, until_accuracy=options.until_accuracy, eval_every=options.eval_every, batch=options.batch,
         lr=options.lr, init_std=options.init_std, curriculum=options.curriculum, short_first=options.short_first, attention_heads=options.attention_heads, layout=layout, eval_examples=options.eval_examples,
+        patience=options.patience, gla_short_conv=options.short_conv,
     )
     load_before = os.getloadavg()
     started = time.monotonic()
@@ -90,7 +93,8 @@ def main() -> None:
     torch.set_num_threads(1)  # as in training: tiny models on a shared 2-core machine run best on one thread
     needles = []
     for model in models:
-        wanted = {"qwen3": f"-d{options.needle_width}-h{options.attention_heads}", "gla": f"-d{options.needle_width}-h4-k0.5"}
+        conv = "-conv" if options.short_conv else ""
+        wanted = {"qwen3": f"-d{options.needle_width}-h{options.attention_heads}", "gla": f"-d{options.needle_width}-h4-k0.5{conv}"}
         if not model["name"].endswith(wanted[model["arch"]]):
             continue  # the width's attention model and its GLA at the default state (4 heads, expand_k 0.5)
         needle = run_needle(NeedleRequest(

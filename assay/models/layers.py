@@ -1,5 +1,6 @@
 """Layers shared by every native model, and the kernel seams: RMSNorm, rotary, causal attention,
-SwiGLU MLP, grouped experts, the GLA operator, and the static KV-cache decoding loop of a decoder.
+SwiGLU MLP, grouped experts, the GLA operator and its short convolution, and the static KV-cache
+decoding loop of a decoder.
 
 The kernel registry (assay.kernels) targets the module classes here, never a model class, so a new
 architecture that builds from these layers gets the kernels with no kernel change:
@@ -327,6 +328,57 @@ class GLAOperator(nn.Module):
         return f"chunk_size={self.chunk_size}"
 
 
+class ShortConvolution(nn.Module):
+    """A causal depthwise convolution over time, then SiLU: fla's ShortConvolution (activation "silu") on
+    [B, T, D]. Each channel mixes its own last `kernel_size` inputs, so a token's q, k or v also carries
+    its few predecessors: what lets a linear-attention layer write "this key followed that one" into its
+    state (the recall probes' key -> value pairs), which a per-token projection cannot.
+
+    weight [D, 1, W] (nn.Conv1d's layout, fla's checkpoint shape); bias [D] or none. Between calls the
+    layer's state is its last W - 1 inputs, [B, W - 1, D] (zeros before the first token).
+    """
+
+    def __init__(self, width: int, kernel_size: int, bias: bool = False):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.weight = nn.Parameter(torch.empty(width, 1, kernel_size))
+        self.bias = nn.Parameter(torch.empty(width)) if bias else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        # nn.Conv1d's own initialisation (uniform, bound 1 / sqrt(kernel_size) for a depthwise filter): the
+        # filter starts near a unit-gain average of the taps. fla draws it as its matrices, normal(0, std),
+        # which at std 0.02-0.05 scales q, k and v down about 20-50x; the recall runs used this one.
+        bound = 1.0 / math.sqrt(self.kernel_size)
+        self.weight.uniform_(-bound, bound, generator=generator)
+        if self.bias is not None:
+            self.bias.uniform_(-bound, bound, generator=generator)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False):
+        # x: [B, T, D]; state: [B, W - 1, D] or None (zeros) -> (y [B, T, D], the last W - 1 inputs or None)
+        width = x.shape[-1]
+        history = self.kernel_size - 1
+        if state is None:
+            padded = F.pad(x, (0, 0, history, 0))  # [B, W - 1 + T, D]
+        else:
+            padded = torch.cat([state.to(x.dtype), x], dim=1)
+        y = F.conv1d(padded.transpose(1, 2), self.weight, self.bias, groups=width)  # [B, D, T]
+        final = padded[:, padded.shape[1] - history:].contiguous() if output_final_state else None
+        return F.silu(y.transpose(1, 2)), final
+
+    def step(self, x: torch.Tensor, state: torch.Tensor):
+        # x: [B, D]; state: [B, W - 1, D] -> (y [B, D], the new state [B, W - 1, D])
+        window = torch.cat([state.to(x.dtype), x.unsqueeze(1)], dim=1)  # [B, W, D], oldest first
+        y = (window * self.weight[:, 0].t()).sum(1)  # a W-tap dot product per channel
+        if self.bias is not None:
+            y = y + self.bias
+        return F.silu(y), window[:, 1:]
+
+    def extra_repr(self) -> str:
+        return f"width={self.weight.shape[0]}, kernel_size={self.kernel_size}, bias={self.bias is not None}"
+
+
 # ---------------------------------------------------------------- model roots
 
 
@@ -365,6 +417,8 @@ class NativeDecoder(nn.Module):
                     weight.normal_(0.0, std, generator=generator)
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
+            elif isinstance(module, ShortConvolution):
+                module.reset_parameters(generator)
         self.reset_rope_cache()
 
     def reset_rope_cache(self) -> None:

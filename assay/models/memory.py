@@ -22,6 +22,8 @@ def kv_cache_bytes_per_sequence(n_layers: int, n_kv_heads: int, head_dim: int, s
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * _element_size(dtype)
 
 
-def linear_state_bytes_per_sequence(n_layers: int, n_heads: int, head_k_dim: int, head_v_dim: int, dtype: torch.dtype = torch.float32) -> int:
-    """One [head_k_dim, head_v_dim] matrix per head and layer; no term grows with the sequence."""
-    return n_layers * n_heads * head_k_dim * head_v_dim * _element_size(dtype)
+def linear_state_bytes_per_sequence(n_layers: int, n_heads: int, head_k_dim: int, head_v_dim: int, dtype: torch.dtype = torch.float32,
+                                    conv_values_per_layer: int = 0) -> int:
+    """One [head_k_dim, head_v_dim] matrix per head and layer, plus a short convolution's last inputs per layer
+    (conv_values_per_layer: (taps - 1) x channels); no term grows with the sequence."""
+    return n_layers * (n_heads * head_k_dim * head_v_dim + conv_values_per_layer) * _element_size(dtype)

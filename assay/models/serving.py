@@ -95,8 +95,9 @@ class StateAdapter(ModelAdapter):
     """A fixed-state model with init_state-free prefill(tokens) -> (logits, state) and decode_step(tokens, state)."""
 
     def pool_buffers(self, n_rows, dtype, max_len):
-        args, device = self.args, self.model.tok_embeddings.weight.device
-        return [torch.zeros(n_rows, args.n_heads, args.head_k_dim, args.head_v_dim, dtype=dtype, device=device) for _ in range(args.n_layers)]
+        # One buffer per state tensor (the model's state_shapes: per layer [H, K, V], then any conv states).
+        device = self.model.tok_embeddings.weight.device
+        return [torch.zeros(n_rows, *shape, dtype=dtype, device=device) for shape in self.model.state_shapes()]
 
     def prefill(self, tokens, slot, buffers):
         # tokens: [1, T] -> logits [vocab]; the final state of each layer lands in row `slot`
@@ -108,7 +109,7 @@ class StateAdapter(ModelAdapter):
     def decode(self, tokens, slot_ids, positions, buffers):
         # tokens: [W, 1]; slot_ids: [W]; positions unused (a state carries no position) -> logits [W, vocab]
         # The recurrence runs in float32 whatever the pool stores: a bfloat16 pool rounds only what it keeps.
-        state = [buffer.index_select(0, slot_ids).float() for buffer in buffers]  # per layer [W, H, K, V]
+        state = [buffer.index_select(0, slot_ids).float() for buffer in buffers]  # per layer [W, H, K, V] (+ conv states)
         logits, new_state = self.model.decode_step(tokens, state)
         for buffer, layer_state in zip(buffers, new_state):
             buffer.index_copy_(0, slot_ids, layer_state.to(buffer.dtype))
@@ -173,8 +174,10 @@ def kv_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:
 
 
 def state_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:
-    """A fixed-state model's state (args with n_layers, n_heads, head_k_dim, head_v_dim); seq_len plays no part."""
-    return linear_state_bytes_per_sequence(args.n_layers, args.n_heads, args.head_k_dim, args.head_v_dim, dtype)
+    """A fixed-state model's state (args with n_layers, n_heads, head_k_dim, head_v_dim, and optionally
+    use_short_conv, conv_size, conv_state_dim); seq_len plays no part."""
+    conv = (args.conv_size - 1) * args.conv_state_dim if getattr(args, "use_short_conv", False) else 0
+    return linear_state_bytes_per_sequence(args.n_layers, args.n_heads, args.head_k_dim, args.head_v_dim, dtype, conv)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ def register(app: typer.Typer) -> None:
         eval_every: int = typer.Option(100, "--eval-every", help="steps between validation scores"),
         curriculum: bool = typer.Option(False, "--curriculum", help="start on the fewest pairs, add the next count when the active ones reach --until-accuracy"),
         short_first: Optional[int] = typer.Option(None, "--short-first", help="train first on sequences of this many tokens (as many tokens per step), move to the full length when they reach --until-accuracy"),
+        patience: Optional[int] = typer.Option(None, "--patience", help="stop a model after this many validations without its lowest accuracy rising half a point (a plateau: converged, short of the target)"),
+        short_conv: bool = typer.Option(False, "--short-conv", help="GLA with fla's short convolutions on q, k, v (use_short_conv, 4 taps)"),
         steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps per model (the schedule's length)"),
         batch: int = typer.Option(32, "--batch", help="sequences per step"),
         tokens_per_step: Optional[int] = typer.Option(None, "--tokens-per-step", help="instead of --batch: batch = this // seq_len per length"),
@@ -81,7 +83,8 @@ def register(app: typer.Typer) -> None:
 
         request = RecallTrainRequest(
             out=out, archs=_names(arch), pairs=_ints("--pairs", pairs), seq_lens=_ints("--seq-len", seq_len), steps=steps,
-            budget_min=budget_min, until_accuracy=until_accuracy, eval_every=eval_every, curriculum=curriculum, short_first=short_first, batch=batch, tokens_per_step=tokens_per_step, lr=lr, size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden, **_given(init_std=init_std)),
+            budget_min=budget_min, until_accuracy=until_accuracy, eval_every=eval_every, curriculum=curriculum, short_first=short_first, batch=batch, tokens_per_step=tokens_per_step, lr=lr, patience=patience,
+            size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden, gla_short_conv=short_conv, **_given(init_std=init_std)),
             layout=layout_for(keys, filler), eval_examples=eval_examples, seed=seed, device=device, threads=threads,
             progress=not json_out,
         )
@@ -108,6 +111,8 @@ def register(app: typer.Typer) -> None:
         curriculum: bool = typer.Option(False, "--curriculum", help="start on the fewest pairs, add counts as they reach the target"),
         short_first: Optional[int] = typer.Option(None, "--short-first", help="train first on sequences of this many tokens, then the full length (as recall train)"),
         attention_heads: int = typer.Option(4, "--attention-heads", help="attention's heads at every width"),
+        patience: Optional[int] = typer.Option(None, "--patience", help="stop a model after this many validations without its lowest accuracy rising half a point (as recall train)"),
+        short_conv: bool = typer.Option(False, "--short-conv", help="every GLA with fla's short convolutions on q, k, v"),
         batch: int = typer.Option(64, "--batch"),
         lr: float = typer.Option(3e-3, "--lr"),
         init_std: Optional[float] = typer.Option(None, "--init-std", help="std of the random initial matrices, both architectures (default: ModelSize's)"),
@@ -128,6 +133,7 @@ def register(app: typer.Typer) -> None:
             out=out, widths=_ints("--widths", widths), gla_states=comma_list("--gla-states", gla_states, _state_setting),
             archs=_names(arch), pairs=_ints("--pairs", pairs), seq_len=seq_len, budget_min=budget_min, until_accuracy=until_accuracy,
             steps=steps, curriculum=curriculum, short_first=short_first, attention_heads=attention_heads, batch=batch, lr=lr, layout=layout_for(keys, filler),
+            patience=patience, gla_short_conv=short_conv,
             eval_examples=eval_examples, seed=seed, progress=not json_out, **_given(init_std=init_std),
         )
         result = run_sweep(request)

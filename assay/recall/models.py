@@ -50,6 +50,9 @@ class ModelSize:
     # Standard deviation of the random matrices (both architectures). Transformers' 0.02 is a small init at
     # width 64: the two-layer lookup circuit then sits on the copy plateau for thousands of steps (docs/recall.md).
     init_std: float = 0.02
+    # fla's short convolutions on GLA's q, k, v (GLAArgs.use_short_conv): what lets the fixed state bind a
+    # key to the value after it (docs/recall.md, "Short convolutions"); attention has no such field.
+    gla_short_conv: bool = False
 
 
 def _spec(arch: str):
@@ -66,7 +69,7 @@ def model_args(arch: str, size: ModelSize):
                                      hidden_dim=size.hidden_dim, max_seq_len=size.max_seq_len)
     # The key width sets a linear-attention state's size (the sweep's axis); attention has no such field.
     if hasattr(args, "expand_k"):
-        args = dataclasses.replace(args, expand_k=size.gla_expand_k)
+        args = dataclasses.replace(args, expand_k=size.gla_expand_k, use_short_conv=size.gla_short_conv)
     return args
 
 
@@ -83,6 +86,11 @@ def param_count(model: torch.nn.Module) -> int:
 def key_width(arch: str, size: ModelSize) -> float | None:
     """The key width / dim that sets a linear-attention state's size, or None for an architecture without one."""
     return getattr(model_args(arch, size), "expand_k", None)
+
+
+def has_short_conv(arch: str, size: ModelSize) -> bool | None:
+    """Whether the architecture's layers at `size` have short convolutions; None for one without the switch."""
+    return getattr(model_args(arch, size), "use_short_conv", None)
 
 
 def state_bytes(arch: str, args, seq_len: int) -> int:

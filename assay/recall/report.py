@@ -30,6 +30,14 @@ def load_results(path: str | Path) -> dict:
     return data
 
 
+def _converged_cell(row: dict) -> str:
+    if row.get("converged") is None:
+        return "-"
+    if not row["converged"]:
+        return "no (budget)"
+    return "yes (plateau)" if row.get("stopped_by") == "plateau" else "yes"
+
+
 def table_rows(rows: list[dict]) -> list[dict]:
     """Rows for print_table: accuracy as a percentage, skipped cells with their reason."""
     shown = []
@@ -38,8 +46,8 @@ def table_rows(rows: list[dict]) -> list[dict]:
             "accuracy": f"{100 * row['accuracy']:.1f}%" if row.get("accuracy") is not None else "-",
             "minutes": round(row["minutes"], 2) if row.get("minutes") is not None else None,
             "wall_minutes": round(row["wall_minutes"], 2) if row.get("wall_minutes") is not None else None,
-            # converged: reached --until-accuracy on validation; "-" when no target was set.
-            "converged": {True: "yes", False: "no (budget)", None: "-"}[row.get("converged")],
+            # converged: reached --until-accuracy on validation, or stopped improving (--patience); "-" when neither was asked.
+            "converged": _converged_cell(row),
             "state_bytes": f"{row['state_bytes']:,}",
             "status": row["status"] if row["status"] == "ok" else f"{row['status']}: {row.get('reason')}",
         })

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json
-from assay.recall.models import ModelSize, key_width, matched_params
+from assay.recall.models import ModelSize, has_short_conv, key_width, matched_params
 from assay.recall.mqar import MQARSpec, check_fits
 
 SWEEP_FILE = "sweep.json"
@@ -45,6 +45,8 @@ class RecallSweepRequest:
     eval_every: int = 100
     curriculum: bool = False
     short_first: int | None = None  # the length curriculum (RecallTrainRequest.short_first)
+    patience: int | None = None  # early stop on a plateau (RecallTrainRequest.patience)
+    gla_short_conv: bool = False  # fla's short convolutions in every GLA (ModelSize.gla_short_conv)
     batch: int = 64
     lr: float = 3e-3
     warmup_steps: int = 50
@@ -63,7 +65,8 @@ class SweepPoint:
     @property
     def tag(self) -> str:
         expand_k = key_width(self.arch, self.size)
-        return f"-d{self.size.dim}-h{self.size.n_heads}" + (f"-k{expand_k:g}" if expand_k is not None else "")
+        conv = "-conv" if has_short_conv(self.arch, self.size) else ""
+        return f"-d{self.size.dim}-h{self.size.n_heads}" + (f"-k{expand_k:g}" if expand_k is not None else "") + conv
 
 
 @dataclass
@@ -81,7 +84,7 @@ def sweep_points(request: RecallSweepRequest) -> list[SweepPoint]:
     points = []
     for dim in request.widths:
         base = ModelSize(dim=dim, n_layers=request.n_layers, n_heads=request.attention_heads, hidden_dim=request.hidden_ratio * dim,
-                         vocab_size=request.layout.vocab_size, init_std=request.init_std)
+                         vocab_size=request.layout.vocab_size, init_std=request.init_std, gla_short_conv=request.gla_short_conv)
         gla_sizes = [replace(base, n_heads=heads, gla_expand_k=expand_k) for heads, expand_k in request.gla_states]
         for size in gla_sizes:
             if dim % size.n_heads or (dim * size.gla_expand_k) % size.n_heads:
@@ -123,14 +126,15 @@ def run_sweep(request: RecallSweepRequest) -> RecallSweepResult:
         trained = train_recall(RecallTrainRequest(
             out=out / "runs" / f"{point.arch}{point.tag}", archs=(point.arch,), pairs=request.pairs, seq_lens=(request.seq_len,),
             steps=request.steps, budget_min=request.budget_min, until_accuracy=request.until_accuracy, eval_every=request.eval_every,
-            curriculum=request.curriculum, short_first=request.short_first, batch=request.batch, lr=request.lr, warmup_steps=request.warmup_steps, size=point.size,
+            curriculum=request.curriculum, short_first=request.short_first, patience=request.patience, batch=request.batch, lr=request.lr, warmup_steps=request.warmup_steps, size=point.size,
             layout=request.layout, eval_examples=request.eval_examples, seed=request.seed, threads=request.threads,
             progress=request.progress, tag=point.tag,
         ))
         result.models.extend(trained.models)
         for row in trained.rows:
             result.rows.append(row | {"dim": point.size.dim, "heads": point.size.n_heads,
-                                      "expand_k": key_width(point.arch, point.size)})
+                                      "expand_k": key_width(point.arch, point.size),
+                                      "short_conv": has_short_conv(point.arch, point.size)})
         _write(result, request)
     return result
 

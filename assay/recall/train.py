@@ -61,6 +61,9 @@ class RecallTrainRequest:
     # A length curriculum: train on sequences of this many tokens (as many tokens per step, the pair
     # counts that fit) until their validation reaches until_accuracy, then at the full length. None: off.
     short_first: int | None = None
+    # Early stop on a plateau: this many validations in a row (at the full length) without the lowest
+    # pair count's accuracy rising by PLATEAU_MIN_GAIN over the best so far. None: train to the budget.
+    patience: int | None = None
     batch: int = 32
     # Set: each length gets batch = tokens_per_step // seq_len, so every model sees the same tokens per step.
     tokens_per_step: int | None = None
@@ -106,6 +109,8 @@ def _validate(request: RecallTrainRequest) -> None:
             raise AssayError("--short-first moves to the full length when the short sequences reach --until-accuracy: give it")
         if request.short_first < 4:
             raise AssayError(f"--short-first {request.short_first}: needs >= 4 tokens (one key-value pair and its query)")
+    if request.patience is not None and request.patience < 1:
+        raise AssayError(f"--patience must be >= 1 validation (got {request.patience})")
     if request.eval_every < 1 or request.val_examples < 1:
         raise AssayError("--eval-every and --val-examples must be >= 1")
     for arch in request.archs:
@@ -221,7 +226,8 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
     validation: dict[int, float] = {}
     history: list[dict] = []
     stopped_by = "steps"
-    watching = request.until_accuracy is not None
+    watching = request.until_accuracy is not None or request.patience is not None
+    plateau = Plateau(request.patience)
     try:
         loaded = trainer.loaded
         predict = model_predictor(loaded.logits, trainer.device)
@@ -257,8 +263,12 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
                 advance(f"loss {record['loss']:.3f}" + (f" val {min(validation.values()):.2f}" if validation else ""))
                 if watching and (step + 1) % request.eval_every == 0:
                     validation = validate()
-                    if all(validation[p] >= request.until_accuracy for p in pair_counts):
+                    if request.until_accuracy is not None and all(validation[p] >= request.until_accuracy for p in pair_counts):
                         stopped_by = "until-accuracy"
+                        break
+                    # The plateau counts only at the full length: the short stage's scores there are a warm-up.
+                    if not (short_len and source.on_short) and plateau.stalled(min(validation.values())):
+                        stopped_by = "plateau"
                         break
                     if short_len and source.on_short and short_stage_done():
                         source.advance(step + 1)
@@ -282,10 +292,33 @@ def _train_one(request: RecallTrainRequest, arch: str, seq_len: int, pair_counts
         "stopped_by": stopped_by, "target": request.until_accuracy,
         # The length curriculum: the short length, and the steps spent on it (all of them if it never moved on).
         "short_first": short_len, "short_steps": (source.switched_at if source.switched_at is not None else steps_done) if short_len else None,
-        "converged": all(validation[p] >= request.until_accuracy for p in pair_counts) if watching else None,
+        # Converged: reached the target, or stopped improving (a plateau under --patience); stopped_by says which.
+        "converged": (stopped_by == "plateau" or (request.until_accuracy is not None and all(validation[p] >= request.until_accuracy for p in pair_counts)))
+        if watching else None,
+        "reached_target": all(validation[p] >= request.until_accuracy for p in pair_counts) if request.until_accuracy is not None else None,
+        "patience": request.patience,
         "validation": history,
     }
     return info, scores, validation
+
+
+PLATEAU_MIN_GAIN = 0.005  # half a point of accuracy: a smaller rise does not count as progress
+
+
+class Plateau:
+    """Counts validations since the score last beat its best by PLATEAU_MIN_GAIN; stalled after `patience` of them."""
+
+    def __init__(self, patience: int | None):
+        self.patience, self.best, self.since_best = patience, -math.inf, 0
+
+    def stalled(self, score: float) -> bool:
+        if self.patience is None:
+            return False
+        if score > self.best + PLATEAU_MIN_GAIN:
+            self.best, self.since_best = score, 0
+        else:
+            self.since_best += 1
+        return self.since_best >= self.patience
 
 
 CALIBRATION_STEPS = (5, 20)  # steps timed to plan a budget's schedule: after the first (slow) ones, fifteen of them

@@ -203,7 +203,7 @@ def test_published_fla_config_reads_as_the_1_3b_flavour():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"use_short_conv": True}, "short convolutions"),
+        ({"use_gv": True}, "value gate"),
         ({"model_type": "qwen3"}, "reads 'gla'"),
         ({"num_kv_heads": 2}, "grouped heads"),
         ({"feature_map": "relu"}, "feature map"),

@@ -64,6 +64,7 @@ def test_needle_command_prints_json_grid_and_heat_map(recall_run, tmp_path, assa
     (["recall", "train", "--out", "X", "--steps", "1", "--init-std", "0"], "--init-std must be a positive number"),
     (["recall", "train", "--out", "X", "--steps", "1", "--short-first", "16"], "--short-first moves to the full length"),
     (["recall", "train", "--out", "X", "--steps", "1", "--short-first", "2", "--until-accuracy", "0.9"], "--short-first 2: needs >= 4 tokens"),
+    (["recall", "train", "--out", "X", "--steps", "1", "--patience", "0"], "--patience must be >= 1"),
     (["recall", "sweep", "--out", "X", "--widths", "30"], "--widths 30"),
     (["recall", "sweep", "--out", "X", "--gla-states", "4:x"], "--gla-states"),
     (["recall", "sweep", "--out", "X", "--attention-heads", "0"], "--attention-heads must be >= 1"),

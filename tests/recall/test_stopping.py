@@ -100,3 +100,36 @@ def test_sweep_command_writes_rows_per_state_and_the_plot(tmp_path, assay_cli):
     assert states[("gla", 1)] == 8 * states[("gla", 4)] and states[("qwen3", 4)] > states[("gla", 1)]
     assert json.loads((out / "sweep.json").read_text())["rows"] == rows
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_patience_stops_a_run_whose_accuracy_stopped_rising_and_calls_it_a_plateau(tmp_path):
+    # lr 1e-6: the model cannot move in 60 steps, so validation never rises by half a point. With patience 2
+    # the run stops at the third validation (the first sets the best, two more without progress).
+    request = RecallTrainRequest(out=tmp_path, archs=("qwen3",), pairs=(4,), seq_lens=(32,), steps=60, batch=8, lr=1e-6,
+                                 until_accuracy=0.99, patience=2, eval_every=5, val_examples=16, layout=EASY, size=TINY, eval_examples=8)
+    (model,) = train_recall(request).models
+    assert model["stopped_by"] == "plateau" and model["steps_done"] == 15
+    assert model["converged"] is True and model["reached_target"] is False and model["patience"] == 2
+    scores = [entry["val_accuracy"]["4"] for entry in model["validation"]]
+    assert max(scores[1:]) <= scores[0] + 0.005
+
+
+def test_plateau_counts_validations_since_the_best_by_half_a_point():
+    from assay.recall.train import Plateau
+
+    plateau = Plateau(2)
+    # 0.5 sets the best; 0.503 is not half a point better; 0.51 is (reset); then two without progress.
+    assert [plateau.stalled(s) for s in (0.5, 0.503, 0.51, 0.512, 0.5)] == [False, False, False, False, True]
+    assert not any(Plateau(None).stalled(0.1) for _ in range(5))
+
+
+def test_short_convolutions_add_their_window_to_the_gla_state_and_the_sweep_tag():
+    plain = ModelSize()
+    conv = ModelSize(gla_short_conv=True)
+    args = model_args("gla", conv)
+    assert args.use_short_conv and not model_args("gla", plain).use_short_conv
+    # per layer: 3 past inputs of q, k (32 wide each) and v (64 wide), float32
+    assert state_bytes("gla", args, 64) == state_bytes("gla", model_args("gla", plain), 64) + 2 * 3 * (32 + 32 + 64) * 4
+    points = sweep_points(RecallSweepRequest(out=None, widths=(64,), gla_states=((4, 0.5),), gla_short_conv=True))
+    assert [p.tag for p in points] == ["-d64-h4", "-d64-h4-k0.5-conv"]
+    assert abs(matched_params(conv)["gla"] - matched_params(conv)["qwen3"]) <= 0.10 * matched_params(conv)["qwen3"]

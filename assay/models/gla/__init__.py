@@ -28,9 +28,8 @@ from assay.models.gla.args import (
 from assay.models.gla.model import GLA, ParamCounts, State, count_parameters
 from assay.models.gla.state_dict_adapter import from_hf, to_hf
 from assay.models.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, export_native_model, load_native_checkpoint
-from assay.models.memory import linear_state_bytes_per_sequence
 from assay.models.registry import ArchSpec, register
-from assay.models.serving import FIXED_STATE
+from assay.models.serving import FIXED_STATE, state_bytes
 
 # "tiny" has the zoo's sizes (hidden 64, 2 layers, 4 heads, SwiGLU 128, the zoo tokenizer's 1024 tokens).
 # "1.3B" is fla-hub/gla-1.3B-100B's config.json. "3B" is the fixed-state reference (3.028B parameters,
@@ -56,12 +55,13 @@ def flavour(name: str) -> GLAArgs:
 
 
 def state_bytes_per_sequence(args: GLAArgs, dtype: torch.dtype = torch.float32) -> int:
-    """Bytes of one sequence's decoding state: layers x heads x K_head x V_head x element size.
+    """Bytes of one sequence's decoding state: layers x heads x K_head x V_head x element size, plus
+    layers x (conv_size - 1) x (2 key_dim + value_dim) with short convolutions.
 
     Nothing in it grows with the sequence (compare assay.models.memory.kv_cache_bytes_per_sequence).
     float32 by default: the recurrence accumulates, and hands back, its state in float32.
     """
-    return linear_state_bytes_per_sequence(args.n_layers, args.n_heads, args.head_k_dim, args.head_v_dim, dtype)
+    return state_bytes(args, 0, dtype)
 
 
 def build_gla(args: GLAArgs, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0, std: float = 0.02) -> GLA:

@@ -55,6 +55,13 @@ class GLAArgs:
     fuse_norm: bool = False
     # Tokens per chunk of the chunkwise-parallel GLA (assay.ops.gla_chunk) in training and prefill.
     chunk_size: int = 64
+    # fla's short convolutions: a causal depthwise convolution (+ SiLU) of conv_size taps on q, k and v
+    # after their projections. Off by default (fla's default, and its published GLA checkpoints); the
+    # recall probes turn it on (docs/recall.md). The decoding state then also keeps each layer's last
+    # conv_size - 1 projected q, k, v.
+    use_short_conv: bool = False
+    conv_size: int = 4
+    conv_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden_dim == 0 and self.hidden_ratio >= 1:
@@ -74,6 +81,8 @@ class GLAArgs:
             problems.append("gate_logit_normalizer and norm_eps must be > 0")
         if self.clamp_min is not None and self.clamp_min >= 0:
             problems.append(f"clamp_min={self.clamp_min} must be < 0 (it bounds a log forget gate)")
+        if self.use_short_conv and self.conv_size < 2:
+            problems.append(f"conv_size={self.conv_size} must be >= 2 (a short convolution over at least two tokens)")
         if self.chunk_size < 16 or self.chunk_size > 128 or self.chunk_size % 16:
             problems.append(f"chunk_size={self.chunk_size} must be a multiple of 16 from 16 to 128")
         if problems:
@@ -86,6 +95,10 @@ class GLAArgs:
     @property
     def value_dim(self) -> int:  # v and output-gate width over all heads
         return int(self.dim * self.expand_v)
+
+    @property
+    def conv_state_dim(self) -> int:  # the channels a layer's short-convolution state keeps: q, k and v
+        return 2 * self.key_dim + self.value_dim
 
     @property
     def head_k_dim(self) -> int:
@@ -104,7 +117,6 @@ class GLAArgs:
         if cfg.get("model_type") != HF_MODEL_TYPE:
             raise AssayError(f"config model_type is {cfg.get('model_type')!r}; the native GLA reads 'gla'")
         unsupported = {
-            "use_short_conv": "short convolutions",
             "use_gv": "a value gate (use_gv)",
             "feature_map": "a feature map on q and k",
             "attn": "hybrid softmax-attention layers",
@@ -141,6 +153,9 @@ class GLAArgs:
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
                 fuse_norm=bool(cfg.get("fuse_norm", True)),  # fla's default
+                use_short_conv=bool(cfg.get("use_short_conv", False)),
+                conv_size=int(cfg.get("conv_size") or 4),
+                conv_bias=bool(cfg.get("conv_bias", False)),
             )
         except KeyError as missing:
             raise AssayError(f"config has no {missing.args[0]!r}; it is not a complete GLA config") from None
@@ -167,8 +182,9 @@ class GLAArgs:
             "attn_mode": "chunk",
             "use_gk": True,
             "use_gv": False,
-            "use_short_conv": False,
-            "conv_size": 4,
+            "use_short_conv": self.use_short_conv,
+            "conv_size": self.conv_size,
+            "conv_bias": self.conv_bias,
             "feature_map": None,
             "attn": None,
             "elementwise_affine": True,
@@ -195,6 +211,8 @@ OVERRIDE_ALIASES: dict[str, str] = {
     "seq_len": "max_seq_len",
     "tie": "tie_embeddings",
     "chunk": "chunk_size",
+    "short_conv": "use_short_conv",
+    "conv": "conv_size",
 }
 _FAMILY = "GLA"
 

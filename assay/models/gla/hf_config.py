@@ -32,6 +32,7 @@ class GLAConfig(PreTrainedConfig):
     use_gv: bool = False
     use_short_conv: bool = False
     conv_size: int = 4
+    conv_bias: bool = False
     feature_map: str | None = None
     attn: dict | None = None
     elementwise_affine: bool = True

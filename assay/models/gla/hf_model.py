@@ -10,7 +10,8 @@ Generation: the cache is Transformers' own, with one LinearAttentionLayer per la
 layer_types are all "linear_attention"): each holds the layer's fixed-size [B, H, K, V] float32 state,
 never keys or values, so a "static" cache is just those states and its size does not depend on the
 length. A prompt goes through the chunked form (gla_chunk) from the cached state; one new token through
-the recurrent step. The attention mask is not read: a GLA state has no padding positions, so batched
+the recurrent step. With short convolutions the layer's conv state (its last W - 1 projected q, k, v) sits
+in the same cache layer's conv slot, as Transformers lays it out: [B, channels, W - 1]. The attention mask is not read: a GLA state has no padding positions, so batched
 prompts must be unpadded (or right-padded and cut).
 """
 
@@ -25,7 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from assay.models.gla.args import GLAArgs
 from assay.models.gla.hf_config import GLAConfig
 from assay.models.gla.model import GLA
-from assay.models.layers import RMSNorm
+from assay.models.layers import RMSNorm, ShortConvolution
 
 # fla checkpoint key (regex) -> this class's key. Transformers applies it when loading (key_mapping).
 FLA_KEY_MAPPING = {
@@ -44,6 +45,7 @@ FLA_KEY_MAPPING = {
     r"\.mlp\.gate_proj\.": ".mlp.w1.",
     r"\.mlp\.down_proj\.": ".mlp.w2.",
     r"\.mlp\.up_proj\.": ".mlp.w3.",
+    r"\.attn\.([qkv])_conv1d\.": r".attention.\1_conv.",
 }
 
 
@@ -65,6 +67,8 @@ class GLAPreTrainedModel(PreTrainedModel):
                 module.bias.zero_()
         elif isinstance(module, RMSNorm):
             module.weight.fill_(1.0)
+        elif isinstance(module, ShortConvolution):
+            module.reset_parameters()
 
 
 class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
@@ -110,14 +114,21 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
             cache = DynamicCache(config=self.config)
         native = self.model
         h = native.tok_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        short_conv = native.args.use_short_conv
         for layer_id, block in enumerate(native.layers):
             state = cache.get_recurrent_state(layer_id) if use_cache else None
+            conv_state = cache.get_conv_state(layer_id) if use_cache and short_conv else None
+            conv_state = conv_state.transpose(1, 2) if conv_state is not None else None  # -> [B, W - 1, channels]
             if state is not None and h.shape[1] == 1:
-                h, new_state = block.step(h, state)
+                h, new_state, new_conv_state = block.step(h, state, conv_state)
             else:
-                h, new_state = block(h, state, output_final_state=use_cache)
+                h, new_state, new_conv_state = block(h, state, output_final_state=use_cache, conv_state=conv_state)
             if use_cache:
                 cache.update_recurrent_state(new_state, layer_id)
+                if short_conv:
+                    # The whole W - 1 window each time: Transformers keeps the last conv_kernel_size columns of
+                    # what it holds and what it is given, which is then this window.
+                    cache.update_conv_state(new_conv_state.transpose(1, 2), layer_id, conv_kernel_size=native.args.conv_size - 1)
                 # Transformers marks a linear layer as holding history only from its conv-state update;
                 # a GLA layer has no short convolution, so it says so itself.
                 cache.layers[layer_id].has_previous_state[0] = True

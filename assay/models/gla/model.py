@@ -5,11 +5,13 @@ Three ways through the same weights:
   forward(tokens) -> logits                         training: every layer through gla_chunk, no state kept
   prefill(tokens, state=None) -> (logits, state)     a prompt: gla_chunk, its final state kept per layer
   decode_step(tokens, state) -> (logits, state)      one token per sequence: gla_step, the state updated
-The state is a list with one float32 [B, H, K, V] tensor per layer (H, K, V per head): it has the same
-size after any number of tokens, which is what the serving engine pools per sequence.
+The state is a list with one float32 [B, H, K, V] tensor per layer (H, K, V per head) and, with short
+convolutions, one [B, W - 1, 2 key_dim + value_dim] tensor per layer after those (the last W - 1 projected
+q, k, v): it has the same size after any number of tokens, which is what the serving engine pools per sequence.
 
-Layer math, as fla's GatedLinearAttention (mode "chunk", no short convolution, no feature map):
+Layer math, as fla's GatedLinearAttention (mode "chunk", no feature map):
   q = x Wq, k = x Wk: [B, T, H, K];  v = x Wv: [B, T, H, V]
+  with use_short_conv: q, k, v = SiLU(causal depthwise conv of conv_size taps) of each, before the split into heads
   g = logsigmoid(gk_up(gk_down(x))) / gate_logit_normalizer: [B, T, H, K], the log forget gate (<= 0)
   o = GLA(q, k, v, g) with scale K**-0.5;  o = RMSNorm_per_head(o) * swish(x Wg);  out = o Wo
 
@@ -27,12 +29,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from assay.models.gla.args import GLAArgs
-from assay.models.layers import MLP, GLAOperator, NativeDecoder, ParamCounts, RMSNorm
+from assay.models.layers import MLP, GLAOperator, NativeDecoder, ParamCounts, RMSNorm, ShortConvolution
 from assay.models.layers import count_parameters as count_layer_parameters
 
 __all__ = ["GLA", "Block", "GLAOperator", "GatedLinearAttention", "ParamCounts", "State", "count_parameters"]
 
-# One float32 [B, H, K, V] tensor per layer.
+# One float32 [B, H, K, V] tensor per layer, then (short convolutions) one [B, W - 1, 2 K_all + V_all] per layer.
 State = list[torch.Tensor]
 
 
@@ -52,17 +54,48 @@ class GatedLinearAttention(nn.Module):
         self.wo = nn.Linear(args.value_dim, args.dim, bias=False)
         self.out_norm = RMSNorm(args.head_v_dim, args.norm_eps)  # one weight shared by every head
         self.gla = GLAOperator(args.chunk_size)
+        if args.use_short_conv:
+            self.q_conv = ShortConvolution(args.key_dim, args.conv_size, args.conv_bias)
+            self.k_conv = ShortConvolution(args.key_dim, args.conv_size, args.conv_bias)
+            self.v_conv = ShortConvolution(args.value_dim, args.conv_size, args.conv_bias)
+        else:
+            self.q_conv = self.k_conv = self.v_conv = None
 
-    def _project(self, x: torch.Tensor):
-        # x: [B, T, dim] -> q, k, g [B, T, H, K]; v [B, T, H, V] (H: this rank's heads under TP)
+    def _convolve(self, q, k, v, conv_state, output_conv_state: bool):
+        # q, k: [B, T, K_all]; v: [B, T, V_all]; conv_state: [B, W - 1, 2 K_all + V_all] or None
+        # -> the convolved q, k, v and the state after them (None unless asked for)
+        if self.q_conv is None:
+            return q, k, v, None
+        states = (None,) * 3 if conv_state is None else conv_state.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
+        (q, q_state), (k, k_state), (v, v_state) = (
+            conv(x, state, output_conv_state) for conv, x, state in zip((self.q_conv, self.k_conv, self.v_conv), (q, k, v), states)
+        )
+        return q, k, v, (torch.cat([q_state, k_state, v_state], dim=-1) if output_conv_state else None)
+
+    def _project(self, x: torch.Tensor, conv_state: torch.Tensor | None = None, output_conv_state: bool = False):
+        # x: [B, T, dim] -> q, k, g [B, T, H, K]; v [B, T, H, V] (H: this rank's heads under TP); the conv state
         batch, seq_len, _ = x.shape
-        q = self.wq(x).view(batch, seq_len, -1, self.head_k_dim)
-        k = self.wk(x).view(batch, seq_len, -1, self.head_k_dim)
-        v = self.wv(x).view(batch, seq_len, -1, self.head_v_dim)
+        q, k, v, conv_state = self._convolve(self.wq(x), self.wk(x), self.wv(x), conv_state, output_conv_state)
+        q = q.view(batch, seq_len, -1, self.head_k_dim)
+        k = k.view(batch, seq_len, -1, self.head_k_dim)
+        v = v.view(batch, seq_len, -1, self.head_v_dim)
         g = F.logsigmoid(self.gk_up(self.gk_down(x))).view(batch, seq_len, -1, self.head_k_dim) / self.gate_logit_normalizer
         if self.clamp_min is not None:
             g = g.clamp_min(self.clamp_min)
-        return q, k, v, g
+        return q, k, v, g, conv_state
+
+    def _project_step(self, x: torch.Tensor, conv_state: torch.Tensor | None):
+        # x: [B, 1, dim] -> q, k, g [B, H, K]; v [B, H, V]; the conv state after this token
+        batch = x.shape[0]
+        q, k, v = self.wq(x[:, 0]), self.wk(x[:, 0]), self.wv(x[:, 0])
+        if self.q_conv is not None:
+            q_state, k_state, v_state = conv_state.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
+            (q, q_state), (k, k_state), (v, v_state) = self.q_conv.step(q, q_state), self.k_conv.step(k, k_state), self.v_conv.step(v, v_state)
+            conv_state = torch.cat([q_state, k_state, v_state], dim=-1)
+        g = F.logsigmoid(self.gk_up(self.gk_down(x[:, 0]))).view(batch, -1, self.head_k_dim) / self.gate_logit_normalizer
+        if self.clamp_min is not None:
+            g = g.clamp_min(self.clamp_min)
+        return q.view(batch, -1, self.head_k_dim), k.view(batch, -1, self.head_k_dim), v.view(batch, -1, self.head_v_dim), g, conv_state
 
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         # o: [B, T, H, V]; x: [B, T, dim] -> [B, T, dim]
@@ -72,17 +105,19 @@ class GatedLinearAttention(nn.Module):
             o = o * F.silu(self.wg(x)).view(batch, seq_len, -1, self.head_v_dim)
         return self.wo(o.reshape(batch, seq_len, -1))
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False):
-        # x: [B, T, dim]; state: [B, H, K, V] or None -> ([B, T, dim], final state or None)
-        q, k, v, g = self._project(x)
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False,
+                conv_state: torch.Tensor | None = None):
+        # x: [B, T, dim]; state: [B, H, K, V] or None; conv_state: [B, W - 1, 2 K_all + V_all] or None
+        # -> ([B, T, dim], final state or None, final conv state or None)
+        q, k, v, g, conv_state = self._project(x, conv_state, output_final_state)
         o, final_state = self.gla(q, k, v, g, initial_state=state, output_final_state=output_final_state)
-        return self._output(o, x), final_state
+        return self._output(o, x), final_state, conv_state
 
-    def step(self, x: torch.Tensor, state: torch.Tensor):
-        # x: [B, 1, dim]; state: [B, H, K, V] -> ([B, 1, dim], new state)
-        q, k, v, g = self._project(x)
-        o, new_state = self.gla.step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], state)
-        return self._output(o.unsqueeze(1), x), new_state
+    def step(self, x: torch.Tensor, state: torch.Tensor, conv_state: torch.Tensor | None = None):
+        # x: [B, 1, dim]; state: [B, H, K, V]; conv_state as in forward -> ([B, 1, dim], new state, new conv state)
+        q, k, v, g, conv_state = self._project_step(x, conv_state)
+        o, new_state = self.gla.step(q, k, v, g, state)
+        return self._output(o.unsqueeze(1), x), new_state, conv_state
 
 
 class Block(nn.Module):
@@ -94,17 +129,18 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = MLP(args.dim, args.hidden_dim)
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False):
-        # x: [B, T, dim] -> ([B, T, dim], final state [B, H, K, V] or None)
-        attended, final_state = self.attention(self.attention_norm(x), state, output_final_state)
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False,
+                conv_state: torch.Tensor | None = None):
+        # x: [B, T, dim] -> ([B, T, dim], final state [B, H, K, V] or None, final conv state or None)
+        attended, final_state, conv_state = self.attention(self.attention_norm(x), state, output_final_state, conv_state)
         h = x + attended
-        return h + self.mlp(self.ffn_norm(h)), final_state
+        return h + self.mlp(self.ffn_norm(h)), final_state, conv_state
 
-    def step(self, x: torch.Tensor, state: torch.Tensor):
-        # x: [B, 1, dim]; state: [B, H, K, V] -> ([B, 1, dim], new state)
-        attended, new_state = self.attention.step(self.attention_norm(x), state)
+    def step(self, x: torch.Tensor, state: torch.Tensor, conv_state: torch.Tensor | None = None):
+        # x: [B, 1, dim]; state: [B, H, K, V] -> ([B, 1, dim], new state, new conv state or None)
+        attended, new_state, conv_state = self.attention.step(self.attention_norm(x), state, conv_state)
         h = x + attended
-        return h + self.mlp(self.ffn_norm(h)), new_state
+        return h + self.mlp(self.ffn_norm(h)), new_state, conv_state
 
 
 class GLA(NativeDecoder):
@@ -121,31 +157,51 @@ class GLA(NativeDecoder):
         # tokens: [B, T] -> logits: [B, T, vocab]
         h = self.tok_embeddings(tokens)
         for block in self.layers:
-            h, _ = block(h)
+            h, _, _ = block(h)
         return self.output(self.norm(h))
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        """Each state tensor's shape without the batch dim: per layer [H, K, V], then per layer [W - 1, 2 K_all + V_all]
+        with short convolutions (W the taps, K_all and V_all the widths over all heads)."""
+        args = self.args
+        shapes = [(args.n_heads, args.head_k_dim, args.head_v_dim)] * args.n_layers
+        if args.use_short_conv:
+            shapes += [(args.conv_size - 1, args.conv_state_dim)] * args.n_layers
+        return shapes
 
     def init_state(self, batch: int) -> State:
         """Zeros: the state of sequences that have seen no token (what prefill starts from)."""
-        args, device = self.args, self.tok_embeddings.weight.device
-        return [torch.zeros(batch, args.n_heads, args.head_k_dim, args.head_v_dim, device=device) for _ in self.layers]
+        device = self.tok_embeddings.weight.device
+        return [torch.zeros(batch, *shape, device=device) for shape in self.state_shapes()]
+
+    def _split_state(self, state: State | None) -> tuple[list, list]:
+        # -> (per layer [B, H, K, V] or None, per layer conv state or None)
+        n_layers = len(self.layers)
+        if state is None:
+            return [None] * n_layers, [None] * n_layers
+        return list(state[:n_layers]), list(state[n_layers:]) or [None] * n_layers
 
     def prefill(self, tokens: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
-        # tokens: [B, T]; state: per layer [B, H, K, V] or None (a fresh sequence) -> logits [B, T, vocab], state
+        # tokens: [B, T]; state: as init_state's, or None (a fresh sequence) -> logits [B, T, vocab], state
         h = self.tok_embeddings(tokens)
-        new_state = []
-        for layer_id, block in enumerate(self.layers):
-            h, layer_state = block(h, None if state is None else state[layer_id], output_final_state=True)
-            new_state.append(layer_state)
-        return self.output(self.norm(h)), new_state
+        recurrent, conv = self._split_state(state)
+        new_recurrent, new_conv = [], []
+        for block, layer_state, conv_state in zip(self.layers, recurrent, conv):
+            h, layer_state, conv_state = block(h, layer_state, output_final_state=True, conv_state=conv_state)
+            new_recurrent.append(layer_state)
+            new_conv.append(conv_state)
+        return self.output(self.norm(h)), new_recurrent + (new_conv if self.args.use_short_conv else [])
 
     def decode_step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        # tokens: [B, 1]; state: per layer [B, H, K, V] -> logits [B, 1, vocab], the state after these tokens
+        # tokens: [B, 1]; state: as init_state's -> logits [B, 1, vocab], the state after these tokens
         h = self.tok_embeddings(tokens)
-        new_state = []
-        for block, layer_state in zip(self.layers, state):
-            h, layer_state = block.step(h, layer_state)
-            new_state.append(layer_state)
-        return self.output(self.norm(h)), new_state
+        recurrent, conv = self._split_state(state)
+        new_recurrent, new_conv = [], []
+        for block, layer_state, conv_state in zip(self.layers, recurrent, conv):
+            h, layer_state, conv_state = block.step(h, layer_state, conv_state)
+            new_recurrent.append(layer_state)
+            new_conv.append(conv_state)
+        return self.output(self.norm(h)), new_recurrent + (new_conv if self.args.use_short_conv else [])
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

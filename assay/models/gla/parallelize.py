@@ -22,12 +22,16 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from assay.core.errors import AssayError
 from assay.models.gla.args import GLAArgs
 from assay.models.gla.model import GLA
 from assay.models.parallel import apply_fsdp, check_tp_sizes, parallelize_model
 
 
 def check_tp_divisible(args: GLAArgs, tp_size: int) -> None:
+    if args.use_short_conv and tp_size > 1:
+        # Its per-channel filters would have to be split with the q, k, v columns: not written yet.
+        raise AssayError("tensor parallelism of a GLA with short convolutions (use_short_conv) is not implemented; use FSDP (--dp-shard)")
     sizes = {"n_heads": args.n_heads, "hidden_dim": args.hidden_dim}
     check_tp_sizes(sizes, tp_size)
 

@@ -6,6 +6,7 @@ fla's names (fla/models/gla/modeling_gla.py, fla/layers/gla.py, fla/modules/mlp.
   model.layers.{i}.attn.{q_proj, k_proj, v_proj, g_proj, o_proj}.weight
   model.layers.{i}.attn.gk_proj.0.weight, model.layers.{i}.attn.gk_proj.1.{weight, bias}   (low-rank forget gate)
   model.layers.{i}.attn.g_norm.weight   (fuse_norm=false; fla's fused kernel calls it g_norm_swish_gate)
+  model.layers.{i}.attn.{q_conv1d, k_conv1d, v_conv1d}.weight [D, 1, W] (.bias with conv_bias)   (use_short_conv)
   model.layers.{i}.mlp.{gate_proj, up_proj, down_proj}.weight
 Every tensor keeps its shape: nn.Linear weights are [out, in] on both sides.
 """
@@ -40,6 +41,12 @@ _PER_LAYER = {
     "mlp.w1.weight": "mlp.gate_proj.weight",
     "mlp.w2.weight": "mlp.down_proj.weight",
     "mlp.w3.weight": "mlp.up_proj.weight",
+    "attention.q_conv.weight": "attn.q_conv1d.weight",
+    "attention.k_conv.weight": "attn.k_conv1d.weight",
+    "attention.v_conv.weight": "attn.v_conv1d.weight",
+    "attention.q_conv.bias": "attn.q_conv1d.bias",
+    "attention.k_conv.bias": "attn.k_conv1d.bias",
+    "attention.v_conv.bias": "attn.v_conv1d.bias",
 }
 _FUSED_NORM_NAME = "attn.g_norm_swish_gate.weight"
 
@@ -54,7 +61,14 @@ def _hf_layer_name(rest: str, args: GLAArgs) -> str:
 
 def native_layer_keys(args: GLAArgs) -> list[str]:
     """The state-dict keys of one native Block (without the `layers.{i}.` prefix)."""
-    return [key for key in _PER_LAYER if args.use_output_gate or key != "attention.wg.weight"]
+    def present(key: str) -> bool:
+        if key == "attention.wg.weight":
+            return args.use_output_gate
+        if "_conv." in key:
+            return args.use_short_conv and (key.endswith(".weight") or args.conv_bias)
+        return True
+
+    return [key for key in _PER_LAYER if present(key)]
 
 
 def _few(keys, limit: int = 5) -> str:
