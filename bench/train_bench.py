@@ -271,15 +271,17 @@ def gemm_template_vs_aten(repeats: int) -> dict:
     options = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
     results = {}
     for name, (m, k, n) in shapes.items():
-        a, b, residual = torch.randn(m, k), torch.randn(k, n), torch.randn(m, n)
-        template = torch.compile(lambda a, b: torch.bmm(a[None], b[None])[0], backend="inductor", options=options)
-        fused = torch.compile(lambda a, b, r: r + torch.bmm(a[None], b[None])[0], backend="inductor", options=options)
+        # b as F.linear takes a weight: [n, k], transposed (dynamic=False: one lambda, several shapes, and the
+        # template needs static n and k)
+        a, b, residual = torch.randn(m, k), torch.randn(n, k), torch.randn(m, n)
+        template = torch.compile(lambda a, b: torch.bmm(a[None], b.t()[None])[0], backend="inductor", options=options, dynamic=False)
+        fused = torch.compile(lambda a, b, r: r + torch.bmm(a[None], b.t()[None])[0], backend="inductor", options=options, dynamic=False)
         before = counters["inductor"]["select_algorithm_autotune"]
         started = time.perf_counter()
         template(a, b), fused(a, b, residual)
         compile_s = time.perf_counter() - started
-        runs = {"aten_mm": lambda: torch.mm(a, b), "template": lambda: template(a, b),
-                "aten_mm_add": lambda: residual + torch.mm(a, b), "template_add_fused": lambda: fused(a, b, residual)}
+        runs = {"aten_mm": lambda: torch.mm(a, b.t()), "template": lambda: template(a, b),
+                "aten_mm_add": lambda: residual + torch.mm(a, b.t()), "template_add_fused": lambda: fused(a, b, residual)}
         times: dict[str, list[float]] = {key: [] for key in runs}
         for repeat in range(repeats):
             for key, run in (runs.items() if repeat % 2 == 0 else reversed(runs.items())):
@@ -436,7 +438,7 @@ def profile_paths(checkpoint: Path, peak: float, out: Path, paths=("hf", "native
 def plot(report: dict, out: Path) -> None:
     fig, axes = new_figure(ncols=1, size=(8.0, 4.5))
     ax = axes[0][0]
-    sizes = [size for size in SIZES if size in report["sizes"]]
+    sizes = list(report["sizes"])
     shown = [path for path in PATHS + EXTRA_PATHS if any(path in report["sizes"][size]["paths"] for size in sizes)]
     width = 0.8 / len(shown)
     for index, path in enumerate(shown):
