@@ -59,8 +59,10 @@ WRITTEN_SIZES = {  # sizes the zoo does not have, written here with a fixed seed
 SIZES = ("tiny", "small", "8x512", "moe")
 ZOO_SIZES = {"tiny": "qwen3", "moe": "qwen3-moe"}
 PATHS = ("hf", "native", "native+kernels", "native+compile")
-# Run only when named in --paths: --compile with mode max-autotune-no-cudagraphs (GEMM choices benchmarked at compile).
-EXTRA_PATHS = ("native+compile-autotune",)
+# Run only when named in --paths: --compile with mode max-autotune-no-cudagraphs (GEMM choices benchmarked at
+# compile); --compile with two of the --levers variants patched into the blocks (blocked attention, fused gate/up:
+# an experiment of this bench, not a trainer option).
+EXTRA_PATHS = ("native+compile-autotune", "native+compile-levers")
 COMPILE_MODE = {"native+compile-autotune": "max-autotune-no-cudagraphs"}
 KERNELS = {"dense": ("rope", "attention"), "moe": ("rope", "grouped_experts", "attention")}
 QWEN3_VOCAB = 151_936
@@ -116,6 +118,8 @@ def spread(values: list[float]) -> dict:
 def run_size(size: str, checkpoint: Path, paths, steps: int, warmup: int, peak: float) -> dict:
     started = time.perf_counter()
     trainers = {path: Trainer(request(checkpoint, path, steps, warmup, peak)) for path in paths}
+    if "native+compile-levers" in trainers:  # patched before the first step, which traces the blocks
+        apply_levers(trainers["native+compile-levers"].loaded.blocks())
     set_up_s = time.perf_counter() - started
     try:
         interleave(trainers, steps)
@@ -331,6 +335,32 @@ def _fused_gate_up(mlp, x: torch.Tensor) -> torch.Tensor:
     return mlp.w2(F.silu(gate) * up)
 
 
+def block_kernel_profile(block, x: torch.Tensor, grad_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict:
+    """Self CPU ms per call of each kernel of one compiled block's forward+backward: inductor's fused C++
+    kernels named one by one (cpp.enable_kernel_profile), the aten calls they make (mm, SDPA) by op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    compiled = torch.compile(block, backend="inductor", options={"cpp.enable_kernel_profile": True})
+    for _ in range(2):
+        compiled(x, cos, sin).backward(grad_out)
+    calls = 3
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            compiled(x, cos, sin).backward(grad_out)
+    x.grad = None
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    return {e.key: e.self_cpu_time_total / 1e3 / calls for e in events if e.self_cpu_time_total / 1e3 / calls >= 0.5}
+
+
+def apply_levers(blocks) -> None:
+    """The two block variants that were not slower (block_variants): blocked attention and fused gate/up."""
+    import types
+
+    for block in blocks:
+        block.attention.sdpa.forward = _blocked_causal_attention
+        block.mlp.forward = types.MethodType(_fused_gate_up, block.mlp)
+
+
 BLOCK_VARIANTS = ("base", "fused_qkv", "fused_gate_up", "blocked_attention")
 
 
@@ -380,6 +410,7 @@ def block_variants(repeats: int) -> dict:
     rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
     return {
         "shape": {"batch": BATCH, "seq_len": SEQ_LEN, **config}, "repeats": repeats,
+        "base_kernels_ms_per_call": block_kernel_profile(copy.deepcopy(reference), x, grad_out, cos, sin),
         "variants": {
             name: {
                 "forward_backward_ms": spread([t * 1e3 for t in times[name]]), "compile_s": first[name]["compile_s"],
