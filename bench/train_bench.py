@@ -22,6 +22,10 @@ none/full/selective at the small size (their speed interleaved in this process).
 Kernels: grouped_experts against the reference expert loop at the zoo MoE's shapes, forward+backward.
 `--profile` writes torch.profiler's per-op table of one steady step (`--profile-size`, `--profile-paths`, default hf and
 native) and the step's self CPU time by kind (matmul, SDPA, compiled graphs, optimizer, other) to the JSON.
+Issue 17's third pass at --compile (docs/training.md): `--paths` also takes `native+compile-autotune` (--compile-mode
+max-autotune-no-cudagraphs) and `native+compile-levers` (blocked attention and fused gate/up patched into the blocks);
+`--levers` times inductor's C++ GEMM template against aten per 8x512 GEMM shape and one compiled 8x512 block's
+variants (fused q/k/v, fused gate/up, blocked attention), with the block's per-kernel profile.
 """
 
 from __future__ import annotations
