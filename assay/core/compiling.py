@@ -13,6 +13,12 @@ from typing import Callable, Iterator
 import torch
 
 from assay.core.device import resolve_backend
+from assay.core.errors import AssayError
+
+# torch.compile modes assay passes on (inductor only). "max-autotune-no-cudagraphs" benchmarks GEMM
+# choices (on CPU: aten and inductor's C++ GEMM template, which it only offers for constant weights,
+# i.e. frozen inference graphs, not training) and is reported in docs/training.md.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -51,11 +57,27 @@ class CompileStats:
         }
 
 
-def counting_backend(backend: str, stats: CompileStats) -> Callable:
+def mode_config_patches(backend: str, mode: str | None) -> dict:
+    """Inductor config patches of a torch.compile mode ({} for the default); AssayError for an unknown mode
+    or a mode on another backend."""
+    if mode in (None, "default"):
+        return {}
+    if mode not in COMPILE_MODES:
+        raise AssayError(f"unknown compile mode {mode!r}; choose one of {', '.join(COMPILE_MODES)}")
+    if backend != "inductor":
+        raise AssayError(f"compile mode {mode!r} needs the inductor backend, not {backend!r}")
+    import torch._inductor
+
+    return torch._inductor.list_mode_options(mode)
+
+
+def counting_backend(backend: str, stats: CompileStats, config_patches: dict | None = None) -> Callable:
+    """The backend named `backend` (with inductor `config_patches`, when given), counting into `stats`."""
     import torch._dynamo
     from torch._guards import CompileContext
 
     inner = torch._dynamo.lookup_backend(backend)
+    extra = {"config_patches": config_patches} if config_patches else {}
 
     def backend_fn(gm: torch.fx.GraphModule, example_inputs):
         compile_id = CompileContext.current_compile_id()
@@ -64,21 +86,24 @@ def counting_backend(backend: str, stats: CompileStats) -> Callable:
             stats.compile_ids.append(str(compile_id))
             if getattr(compile_id, "frame_compile_id", 0):
                 stats.recompiles += 1
-        return inner(gm, example_inputs)
+        return inner(gm, example_inputs, **extra)
 
     backend_fn.__name__ = f"counted_{backend}"
     return backend_fn
 
 
-def compile_fn(fn: Callable, backend: str, stats: CompileStats | None = None, **kwargs) -> Callable:
-    """torch.compile(fn) with the backend named `backend`, counting graphs/recompiles into `stats`."""
+def compile_fn(fn: Callable, backend: str, stats: CompileStats | None = None, mode: str | None = None, **kwargs) -> Callable:
+    """torch.compile(fn) with the backend named `backend` and `mode` (COMPILE_MODES), counting graphs/recompiles into `stats`."""
     backend = resolve_backend(backend)
+    patches = mode_config_patches(backend, mode)
     if stats is None:
-        return torch.compile(fn, backend=backend, **kwargs)
-    return torch.compile(fn, backend=counting_backend(backend, stats), **kwargs)
+        return torch.compile(fn, backend=backend, options=patches or None, **kwargs)
+    return torch.compile(fn, backend=counting_backend(backend, stats, patches), **kwargs)
 
 
-def compile_modules(modules, backend: str, stats: CompileStats | None = None, wrap: Callable | None = None, **kwargs) -> None:
+def compile_modules(
+    modules, backend: str, stats: CompileStats | None = None, wrap: Callable | None = None, mode: str | None = None, **kwargs
+) -> None:
     """Compile each module's forward in place (state-dict keys unchanged), one compiled function per class.
 
     Modules of one class share one torch.compile of the unbound forward, so N identical transformer
@@ -94,7 +119,7 @@ def compile_modules(modules, backend: str, stats: CompileStats | None = None, wr
         cls = type(module)
         if cls not in compiled_by_class:
             forward = wrap(cls.forward) if wrap is not None else cls.forward
-            compiled_by_class[cls] = compile_fn(forward, backend, stats, **kwargs)
+            compiled_by_class[cls] = compile_fn(forward, backend, stats, mode, **kwargs)
         module.forward = types.MethodType(compiled_by_class[cls], module)
 
 

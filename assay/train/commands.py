@@ -44,6 +44,9 @@ def train_command(
     dtype: str = dtype_option(),
     compile_blocks: bool = typer.Option(False, "--compile", help="torch.compile each transformer block"),
     backend: str = backend_option(help="torch.compile backend name"),
+    compile_mode: str = typer.Option(
+        "default", "--compile-mode", help="torch.compile mode with --compile (inductor): default or max-autotune-no-cudagraphs"
+    ),
     activation_checkpointing: str = typer.Option(
         "none", "--activation-checkpointing", help="none, full (recompute each block) or selective (keep matmul outputs)"
     ),
@@ -79,7 +82,7 @@ def train_command(
         steps=steps, batch=batch, seq_len=seq_len,
         optim=OptimConfig(lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, grad_clip=grad_clip),
         seed=seed, data=DataSpec(data, text_field, data_split), device=device, dtype=dtype, compile=compile_blocks,
-        backend=backend, activation_checkpointing=activation_checkpointing, loss_chunk_tokens=loss_chunk_tokens,
+        backend=backend, compile_mode=compile_mode, activation_checkpointing=activation_checkpointing, loss_chunk_tokens=loss_chunk_tokens,
         dp_shard=dp_shard, tp=tp, metrics=metrics, export_hf=export_hf, check_init=check_init,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, resume=resume,
         peak_flops=peak_flops, timing_warmup_steps=timing_warmup, progress=not json_out,

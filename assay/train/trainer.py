@@ -71,6 +71,9 @@ class TrainRequest:
     dtype: str = "float32"
     compile: bool = False
     backend: str = "inductor"
+    # torch.compile mode of the blocks (core.compiling.COMPILE_MODES, inductor only): "max-autotune-no-cudagraphs"
+    # benchmarks GEMM choices at compile time (docs/training.md, "Third pass at --compile").
+    compile_mode: str = "default"
     activation_checkpointing: str = "none"  # none | full | selective (assay.train.activation_checkpoint)
     # Tokens per chunk of the output-head loss (assay.train.loss): None chunks automatically when the
     # step's float32 logits pass 256 MiB, 0 never; single-process runs (FSDP's hooks run on forward()).
@@ -194,6 +197,12 @@ def _validate(request: TrainRequest) -> None:
         raise AssayError(f"unknown --activation-checkpointing {request.activation_checkpointing!r} (one of {', '.join(AC_MODES)})")
     if request.loss_chunk_tokens is not None and request.loss_chunk_tokens < 0:
         raise AssayError("--loss-chunk-tokens must be >= 0 (0: the full logits)")
+    if request.compile_mode != "default":
+        from assay.core.compiling import mode_config_patches
+
+        if not request.compile:
+            raise AssayError(f"--compile-mode {request.compile_mode} needs --compile")
+        mode_config_patches(request.backend, request.compile_mode)  # raises for an unknown mode or backend
 
 
 def train(request: TrainRequest) -> TrainResult:
@@ -271,7 +280,7 @@ class Trainer:
             # Per block, not the whole model: every layer reuses one graph, and FSDP's per-block
             # hooks stay outside the compiled region. Activation checkpointing is traced inside it.
             wrap = (lambda forward: checkpoint_wrapper(forward, checkpointing)) if checkpointing != "none" else None
-            compile_modules(loaded.blocks(), request.backend, self.compile_stats, wrap=wrap)
+            compile_modules(loaded.blocks(), request.backend, self.compile_stats, wrap=wrap, mode=request.compile_mode)
         else:
             apply_activation_checkpointing(loaded.blocks(), checkpointing)
 
@@ -391,7 +400,7 @@ class Trainer:
             "peak_memory_bytes": max((r["memory_bytes"] for r in records), default=None),
             "params_total": total_params, "active_matmul_params": loaded.flop_shape.active_matmul_params,
             "flops_per_token": self.flops_per_token, "peak_flops": self.peak_flops, "peak_flops_source": self.peak_source,
-            "compile": self.compile_stats.as_dict() | {"backend": request.backend} if self.compile_stats else None,
+            "compile": self.compile_stats.as_dict() | {"backend": request.backend, "mode": request.compile_mode} if self.compile_stats else None,
             "activation_checkpointing": request.activation_checkpointing, "loss_chunk_tokens": self.loss_chunk_tokens,
             "optimizer_implementation": getattr(self.optimizer, "implementation", None),
         }

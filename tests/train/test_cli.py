@@ -60,6 +60,7 @@ def test_check_init_exit_codes(train_zoo, assay_cli):
         (["--path", "hf", "--kernels", "rope"], "use it with --path native"),
         (["--data", "missing.jsonl"], "no such file"),
         (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--compile", "--compile-mode", "max-autotune"], "unknown compile mode 'max-autotune'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(train_zoo, assay_cli, tmp_path, args, message):

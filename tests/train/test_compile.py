@@ -36,3 +36,41 @@ def test_compiled_model_keeps_its_state_dict_keys(train_zoo, tmp_path):
     tokens = torch.randint(0, 1024, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         close("model_logits", AutoModelForCausalLM.from_pretrained(out)(tokens).logits, result.model.logits(tokens), torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(compile=True, compile_mode="max-autotune-turbo"), "unknown compile mode"),
+        (dict(compile=True, backend="aot_eager", compile_mode="max-autotune-no-cudagraphs"), "needs the inductor backend"),
+        (dict(compile_mode="max-autotune-no-cudagraphs"), "needs --compile"),
+    ],
+)
+def test_compile_mode_refuses_what_it_cannot_do_before_loading(tmp_path, changes, message):
+    from assay.core.errors import AssayError
+
+    # A model folder that does not exist: the request is refused before anything is loaded.
+    with pytest.raises(AssayError, match=message):
+        train(TrainRequest(model=str(tmp_path / "absent"), steps=1, seq_len=32, **changes))
+
+
+@pytest.mark.inductor
+def test_max_autotune_mode_compiles_zoo_blocks_without_a_break(train_zoo):
+    from torch._dynamo.utils import counters
+
+    from assay.core.compiling import CompileStats, compile_fn, reset
+
+    reset()
+    model = str(train_zoo / "qwen3")
+    eager = train(TrainRequest(model=model, steps=2, seq_len=32))
+    compiled = train(TrainRequest(model=model, steps=2, seq_len=32, compile=True, compile_mode="max-autotune-no-cudagraphs"))
+    stats = compiled.summary["compile"]
+    assert (stats["graphs"], stats["recompiles"], stats["graph_breaks"], stats["mode"]) == (1, 0, 0, "max-autotune-no-cudagraphs"), stats
+    assert_close("train_loss", torch.tensor(compiled.losses), torch.tensor(eager.losses), torch.float32)
+    # The mode reaches inductor through the counting backend: a bmm (offered the C++ GEMM template with any
+    # operands; training's mm only with constant weights) is autotuned between aten and the template.
+    autotuned = counters["inductor"]["select_algorithm_autotune"]
+    a, b = torch.randn(1, 16, 16), torch.randn(1, 16, 16)
+    bmm = compile_fn(lambda a, b: torch.bmm(a, b), "inductor", CompileStats(), mode="max-autotune-no-cudagraphs")
+    assert_close("kernel", bmm(a, b), torch.bmm(a.double(), b.double()), torch.float32)
+    assert counters["inductor"]["select_algorithm_autotune"] > autotuned
