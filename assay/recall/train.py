@@ -153,14 +153,19 @@ def train_recall(request: RecallTrainRequest) -> RecallTrainResult:
                     continue
                 model_info, scores, validation = _train_one(request, arch, seq_len, fitting, out)
                 result.models.append(model_info)
+                plateaued = model_info["stopped_by"] == "plateau"
+                watching = request.until_accuracy is not None or request.patience is not None
                 for pairs, score in scores.items():
                     target = request.until_accuracy
+                    reached = validation[pairs] >= target if target is not None else None
                     result.rows.append(_row(
                         arch, seq_len, pairs, params[arch], memory, status="ok", accuracy=score.accuracy, correct=score.correct,
                         total=score.total, steps=model_info["steps_done"], minutes=model_info["minutes"],
                         wall_minutes=model_info["wall_minutes"], final_loss=model_info["final_loss"], checkpoint=model_info["checkpoint"],
                         val_accuracy=validation.get(pairs), target=target, stopped_by=model_info["stopped_by"],
-                        converged=validation[pairs] >= target if target is not None else None,
+                        # This pair count reached the target, or the model stopped improving (its lowest count's
+                        # accuracy on a plateau under --patience): the row is then the model's converged score.
+                        converged=(plateaued or bool(reached)) if watching else None, reached_target=reached,
                     ))
                 result.rows.sort(key=lambda r: (r["seq_len"], r["arch"], r["pairs"]))
                 _write(result, request)
@@ -177,7 +182,7 @@ def _row(arch, seq_len, pairs, params, memory, status, reason=None, **measured) 
         "params": params, "state_bytes": memory, "state_kind": state_kind(arch),
         "steps": measured.get("steps"), "minutes": measured.get("minutes"), "wall_minutes": measured.get("wall_minutes"),
         "final_loss": measured.get("final_loss"), "val_accuracy": measured.get("val_accuracy"), "target": measured.get("target"),
-        "converged": measured.get("converged"), "stopped_by": measured.get("stopped_by"), "checkpoint": measured.get("checkpoint"),
+        "converged": measured.get("converged"), "reached_target": measured.get("reached_target"), "stopped_by": measured.get("stopped_by"), "checkpoint": measured.get("checkpoint"),
     }
 
 

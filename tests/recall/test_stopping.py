@@ -107,8 +107,10 @@ def test_patience_stops_a_run_whose_accuracy_stopped_rising_and_calls_it_a_plate
     # the run stops at the third validation (the first sets the best, two more without progress).
     request = RecallTrainRequest(out=tmp_path, archs=("qwen3",), pairs=(4,), seq_lens=(32,), steps=60, batch=8, lr=1e-6,
                                  until_accuracy=0.99, patience=2, eval_every=5, val_examples=16, layout=EASY, size=TINY, eval_examples=8)
-    (model,) = train_recall(request).models
+    result = train_recall(request)
+    (model,), (row,) = result.models, result.rows
     assert model["stopped_by"] == "plateau" and model["steps_done"] == 15
+    assert row["converged"] is True and row["reached_target"] is False and row["stopped_by"] == "plateau"
     assert model["converged"] is True and model["reached_target"] is False and model["patience"] == 2
     scores = [entry["val_accuracy"]["4"] for entry in model["validation"]]
     assert max(scores[1:]) <= scores[0] + 0.005
