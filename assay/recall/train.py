@@ -154,7 +154,7 @@ def train_recall(request: RecallTrainRequest) -> RecallTrainResult:
                 model_info, scores, validation = _train_one(request, arch, seq_len, fitting, out)
                 result.models.append(model_info)
                 plateaued = model_info["stopped_by"] == "plateau"
-                watching = request.until_accuracy is not None or request.patience is not None
+                watching = model_info["converged"] is not None  # a target or a patience was given
                 for pairs, score in scores.items():
                     target = request.until_accuracy
                     reached = validation[pairs] >= target if target is not None else None
