@@ -367,14 +367,6 @@ class ShortConvolution(nn.Module):
         final = padded[:, padded.shape[1] - history:].contiguous() if output_final_state else None
         return F.silu(y.transpose(1, 2)), final
 
-    def step(self, x: torch.Tensor, state: torch.Tensor):
-        # x: [B, D]; state: [B, W - 1, D] -> (y [B, D], the new state [B, W - 1, D])
-        window = torch.cat([state.to(x.dtype), x.unsqueeze(1)], dim=1)  # [B, W, D], oldest first
-        y = (window * self.weight[:, 0].t()).sum(1)  # a W-tap dot product per channel
-        if self.bias is not None:
-            y = y + self.bias
-        return F.silu(y), window[:, 1:]
-
     def extra_repr(self) -> str:
         return f"width={self.weight.shape[0]}, kernel_size={self.kernel_size}, bias={self.bias is not None}"
 

@@ -42,12 +42,12 @@ def test_short_convolution_equals_a_causal_loop_and_its_step():
     y, state = conv(x, output_final_state=True)
     assert_close("recurrence", y, expected, torch.float64)
     assert torch.equal(state, x[:, -3:])  # the last W - 1 inputs
-    # the same through one step per token
+    # the same one token per call (decode), each from the window the call before left
     state, steps = torch.zeros(2, 3, 6, dtype=torch.float64), []
     for t in range(9):
-        out, state = conv.step(x[:, t], state)
+        out, state = conv(x[:, t : t + 1], state, output_final_state=True)
         steps.append(out)
-    assert_close("recurrence", torch.stack(steps, 1), expected, torch.float64)
+    assert_close("recurrence", torch.cat(steps, 1), expected, torch.float64)
     # and through two calls, the second starting from the first's state
     first, state = conv(x[:, :5], output_final_state=True)
     second, _ = conv(x[:, 5:], state)

@@ -84,19 +84,6 @@ class GatedLinearAttention(nn.Module):
             g = g.clamp_min(self.clamp_min)
         return q, k, v, g, conv_state
 
-    def _project_step(self, x: torch.Tensor, conv_state: torch.Tensor | None):
-        # x: [B, 1, dim] -> q, k, g [B, H, K]; v [B, H, V]; the conv state after this token
-        batch = x.shape[0]
-        q, k, v = self.wq(x[:, 0]), self.wk(x[:, 0]), self.wv(x[:, 0])
-        if self.q_conv is not None:
-            q_state, k_state, v_state = conv_state.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
-            (q, q_state), (k, k_state), (v, v_state) = self.q_conv.step(q, q_state), self.k_conv.step(k, k_state), self.v_conv.step(v, v_state)
-            conv_state = torch.cat([q_state, k_state, v_state], dim=-1)
-        g = F.logsigmoid(self.gk_up(self.gk_down(x[:, 0]))).view(batch, -1, self.head_k_dim) / self.gate_logit_normalizer
-        if self.clamp_min is not None:
-            g = g.clamp_min(self.clamp_min)
-        return q.view(batch, -1, self.head_k_dim), k.view(batch, -1, self.head_k_dim), v.view(batch, -1, self.head_v_dim), g, conv_state
-
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         # o: [B, T, H, V]; x: [B, T, dim] -> [B, T, dim]
         batch, seq_len, _ = x.shape
@@ -115,8 +102,9 @@ class GatedLinearAttention(nn.Module):
 
     def step(self, x: torch.Tensor, state: torch.Tensor, conv_state: torch.Tensor | None = None):
         # x: [B, 1, dim]; state: [B, H, K, V]; conv_state as in forward -> ([B, 1, dim], new state, new conv state)
-        q, k, v, g, conv_state = self._project_step(x, conv_state)
-        o, new_state = self.gla.step(q, k, v, g, state)
+        # One token through the same projections; the convolution reads its window from conv_state.
+        q, k, v, g, conv_state = self._project(x, conv_state, output_conv_state=conv_state is not None)
+        o, new_state = self.gla.step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], state)
         return self._output(o.unsqueeze(1), x), new_state, conv_state
 
 
