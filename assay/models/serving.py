@@ -65,8 +65,9 @@ class ModelAdapter(ABC):
         ...
 
     @abstractmethod
-    def prefill(self, tokens: torch.Tensor, slot: int, buffers: list[torch.Tensor]) -> torch.Tensor:
-        """tokens [1, T] of one fresh sequence -> logits [vocab] at its last position; its state written to row `slot`."""
+    def prefill(self, tokens: torch.Tensor, slot: int, buffers: list[torch.Tensor], *, all_logits: bool = False) -> torch.Tensor:
+        """tokens [1, T] of one fresh sequence -> logits [vocab] at its last position ([T, vocab] at every
+        position with all_logits: a prompt's own log-probabilities); its state written to row `slot`."""
         ...
 
     @abstractmethod
@@ -99,12 +100,12 @@ class StateAdapter(ModelAdapter):
         device = self.model.tok_embeddings.weight.device
         return [torch.zeros(n_rows, *shape, dtype=dtype, device=device) for shape in self.model.state_shapes()]
 
-    def prefill(self, tokens, slot, buffers):
-        # tokens: [1, T] -> logits [vocab]; the final state of each layer lands in row `slot`
+    def prefill(self, tokens, slot, buffers, *, all_logits=False):
+        # tokens: [1, T] -> logits [vocab] (all_logits: [T, vocab]); the final state of each layer lands in row `slot`
         logits, state = self.model.prefill(tokens)
         for buffer, layer_state in zip(buffers, state):
             buffer[slot].copy_(layer_state[0])
-        return logits[0, -1]
+        return logits[0] if all_logits else logits[0, -1]
 
     def decode(self, tokens, slot_ids, positions, buffers):
         # tokens: [W, 1]; slot_ids: [W]; positions unused (a state carries no position) -> logits [W, vocab]
@@ -145,10 +146,11 @@ class KVCacheAdapter(ModelAdapter):
             buffers += [keys, values]
         return buffers
 
-    def prefill(self, tokens, slot, buffers):
-        # tokens: [1, T] -> logits [vocab]; keys/values of positions 0..T-1 land in row `slot`
+    def prefill(self, tokens, slot, buffers, *, all_logits=False):
+        # tokens: [1, T] -> logits [vocab] (all_logits: [T, vocab]); keys/values of positions 0..T-1 land in row `slot`
         slot_ids = torch.tensor([slot], dtype=torch.int64, device=tokens.device)
-        return self.model.prefill(tokens, self._kv_cache(buffers), slot_ids)[0, -1]
+        logits = self.model.prefill(tokens, self._kv_cache(buffers), slot_ids)
+        return logits[0] if all_logits else logits[0, -1]
 
     def decode(self, tokens, slot_ids, positions, buffers):
         # tokens: [W, 1]; slot_ids, positions: [W] -> logits [W, vocab]; each row's k/v written at its position
