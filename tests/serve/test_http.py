@@ -86,9 +86,10 @@ def reference(zoo_dir):
     return reference_engine(zoo_dir)
 
 
-def post(url: str, body, timeout: float = 60.0) -> httpx.Response:
+def post(url: str, body, timeout: float = 60.0, headers: dict | None = None) -> httpx.Response:
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return httpx.post(f"{url}/v1/completions", content=content, headers={"content-type": "application/json"}, timeout=timeout)
+    headers = {"content-type": "application/json"} | (headers or {})
+    return httpx.post(f"{url}/v1/completions", content=content, headers=headers, timeout=timeout)
 
 
 @dataclass
@@ -101,8 +102,8 @@ class Streamed:
     server: str | None = None  # the X-Assay-Server header (set when the app was given a server_id)
 
 
-def stream(url: str, body: dict, timeout: float = 60.0) -> Streamed:
-    with httpx.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}, timeout=timeout) as response:
+def stream(url: str, body: dict, timeout: float = 60.0, headers: dict | None = None) -> Streamed:
+    with httpx.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}, timeout=timeout, headers=headers) as response:
         if response.status_code != 200:
             response.read()
             return Streamed(response.status_code, [], 0, "", [], response.headers.get("x-assay-server"))
