@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from assay.core.errors import AssayError
 from assay.serve.adapters import state_dtype
 from assay.serve.scheduler import DEFAULT_BUCKETS, check_buckets
+
+if TYPE_CHECKING:
+    from assay.serve.sampling import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,10 @@ class TokenEvent:
     index: int  # 0-based output position
     finished: bool
     finish_reason: str | None  # "length" | "stop" | "abort" when finished
+    # With logprobs: the token's log-probability and the top alternatives (sampling.TokenLogprob).
+    logprob: TokenLogprob | None = None
+    # With prompt_logprobs, on a request's first event: one entry per prompt token (the first has no value).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 __all__ = ["EngineConfig", "QueueFull", "TokenEvent"]

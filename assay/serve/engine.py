@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -38,7 +38,8 @@ from assay.serve.adapters import KV_REFERENCE_DTYPE, KV_REFERENCE_LENGTHS, Model
 from assay.serve.compiled_decode import CompiledDecode, _fresh_function
 from assay.serve.config import EngineConfig, QueueFull, TokenEvent
 from assay.serve.pool import SlotPool
-from assay.serve.sampling import Sampling, sample_tokens
+from assay.serve.intake import EngineRequest, choice_ids, new_request
+from assay.serve.sampling import TokenLogprob, prompt_logprobs, sample_tokens, token_logprobs
 from assay.serve.scheduler import decode_width, warm_up_widths
 from assay.serve.sizing import (
     POOL_MEMORY_SHARE, SLOT_LEN_GRAIN, check_pool_fits, checkpoint_positions, fitted_slot_len,
@@ -47,17 +48,7 @@ from assay.serve.sizing import (
 _check_pool_fits = check_pool_fits  # the name before the split
 
 
-@dataclass
-class _Request:
-    request_id: str
-    prompt: list[int]
-    max_tokens: int
-    sampling: Sampling
-    stop_token_ids: frozenset[int]
-    slot: int = -1
-    next_position: int = 0  # where the next fed token goes (a KV cache's position; unused by a GLA state)
-    last_token: int = -1
-    generated: list[int] = field(default_factory=list)
+_Request = EngineRequest  # the name before intake.py
 
 
 class Engine:
@@ -80,6 +71,9 @@ class Engine:
         self._aborts: set[str] = set()
         self._live_ids: set[str] = set()  # waiting or running
         self._running: dict[str, _Request] = {}
+        # Choices 1..n-1 of an admitted request whose prefill has not finished: their slots are taken; they
+        # run once the prefill is copied into them.
+        self._pending_forks: dict[str, _Request] = {}
         self._step_count = 0
 
         self._decoder = CompiledDecode(adapter, self.backend, config.max_seqs, self.device)
@@ -158,33 +152,27 @@ class Engine:
     # ---------------------------------------------------------------- requests
     def add_request(
         self, request_id: str, prompt_tokens: list[int], max_tokens: int, temperature: float = 0.0,
-        seed: int | None = None, stop_token_ids: tuple[int, ...] = (),
+        seed: int | None = None, stop_token_ids: tuple[int, ...] = (), *, top_p: float = 1.0, top_k: int = 0, n: int = 1,
+        logprobs: int | None = None, prompt_logprobs: int | None = None,
     ) -> None:
+        """Queue a prompt. n > 1: n choices (ids choice_ids(request_id, n)), prefilled once and copied into n
+        slots, choice j sampling with seed + j. logprobs / prompt_logprobs: the chosen tokens' (each event's
+        logprob) and the prompt's own (the first event's prompt_logprobs), with that many alternatives."""
         config = self.config
-        prompt = [int(t) for t in prompt_tokens]
-        if not prompt:
-            raise AssayError("the prompt is empty: at least one token is needed")
-        if len(prompt) > config.max_prompt_tokens:
-            raise AssayError(f"the prompt has {len(prompt)} tokens; this server accepts at most {config.max_prompt_tokens}")
-        vocab = self.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt):
-            raise AssayError(f"prompt token ids must be in [0, {vocab})")
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= config.max_new_tokens:
-            raise AssayError(f"max_tokens must be an integer in [1, {config.max_new_tokens}], got {max_tokens!r}")
-        if self._max_len is not None and len(prompt) + max_tokens > self._max_len:
-            raise AssayError(
-                f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the {self._max_len} positions of a KV-cache slot"
-            )
-        sampling = Sampling.create(temperature, seed)
-        request = _Request(request_id, prompt, max_tokens, sampling, frozenset(int(t) for t in stop_token_ids))
+        request = new_request(
+            config, self.vocab_size, self._max_len, request_id, prompt_tokens, max_tokens, temperature=temperature, seed=seed,
+            stop_token_ids=stop_token_ids, top_p=top_p, top_k=top_k, n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+        )
+        members = [request, *request.forks]
         with self._lock:
-            if request_id in self._live_ids:
+            if any(m.request_id in self._live_ids for m in members):
                 raise AssayError(f"request id {request_id!r} is already in use")
             if len(self._waiting) >= config.max_waiting:
                 raise QueueFull(f"the waiting queue is full ({config.max_waiting} requests); retry later")
             self._waiting.append(request)
-            self._live_ids.add(request_id)
-            self._stats.request_added(request_id, now())
+            for member in members:
+                self._live_ids.add(member.request_id)
+                self._stats.request_added(member.request_id, now())
 
     def abort(self, request_id: str) -> None:
         """Stop a waiting or running request; its slot is freed and an "abort" event emitted at the next step."""
@@ -220,19 +208,25 @@ class Engine:
             if aborts:
                 kept = deque()
                 for request in self._waiting:
-                    if request.request_id in aborts:
-                        events.append(self._finish(request, "abort", token_id=-1))
-                    else:
-                        kept.append(request)
+                    # A waiting request's choices leave one by one; the first that stays carries the others.
+                    members = [request, *request.forks]
+                    staying = [m for m in members if m.request_id not in aborts]
+                    events += [self._finish(m, "abort", token_id=-1) for m in members if m.request_id in aborts]
+                    if staying:
+                        staying[0].forks = staying[1:]
+                        kept.append(staying[0])
                 self._waiting = kept
-            for request_id in [r for r in aborts if r in self._running]:
-                events.append(self._finish(self._running[request_id], "abort", token_id=-1))
+            for request_id in [r for r in aborts if r in self._running or r in self._pending_forks]:
+                events.append(self._finish(self._running.get(request_id) or self._pending_forks[request_id], "abort", token_id=-1))
             admitted = self._admissions()
             for request in admitted:
                 request.slot = self.pool.allocate()
                 self._running[request.request_id] = request
+                for fork in request.forks:
+                    fork.slot = self.pool.allocate()
+                    self._pending_forks[fork.request_id] = fork
         for request in admitted:
-            events.append(self._prefill(request))
+            events += self._prefill(request)
         if self._running:
             events += self._decode_step()
         return events
@@ -242,29 +236,52 @@ class Engine:
         admitted: list[_Request] = []
         budget = self.config.max_prefill_tokens
         prompt_tokens = 0
-        while self._waiting and len(admitted) < self.pool.num_free:
+        slots = 0
+        while self._waiting and slots + 1 + len(self._waiting[0].forks) <= self.pool.num_free:
             size = len(self._waiting[0].prompt)
             if budget is not None and admitted and prompt_tokens + size > budget:
                 break
             admitted.append(self._waiting.popleft())
+            slots += 1 + len(admitted[-1].forks)
             prompt_tokens += size
         return admitted
 
-    def _prefill(self, request: _Request) -> TokenEvent:
+    def _prefill(self, request: _Request) -> list[TokenEvent]:
         # Eager, one prompt at a time: prompt lengths vary, and a compiled prefill would either recompile per
         # length or need dynamic shapes; its time counts toward time to first token, never decode time.
         tokens = torch.tensor([request.prompt], dtype=torch.int64, device=self.device)
         synchronize(self.device)
         start = now()
         with torch.no_grad():
-            logits = self.adapter.prefill(tokens, request.slot, self.pool.buffers)
+            logits = self.adapter.prefill(tokens, request.slot, self.pool.buffers, all_logits=request.prompt_logprobs is not None)
         synchronize(self.device)
         with self._lock:
             self._stats.prefills += 1
             self._stats.prefill_s += now() - start
         request.next_position = len(request.prompt)
-        token = self._sample(logits[None], [request])[0]
-        return self._emit(request, token)
+        if request.prompt_logprobs is None:
+            return self._first_tokens(request, logits)
+        return self._first_tokens(request, logits[-1], prompt_logprobs(logits, request.prompt, request.prompt_logprobs))
+
+    def _first_tokens(self, request: _Request, logits: torch.Tensor, prompt_entries=None) -> list[TokenEvent]:
+        """A prefilled request's first token, and its other choices': their slots get a copy of its state
+        and each samples from the same last logits [vocab] with its own generator."""
+        with self._lock:
+            forks = [fork for fork in request.forks if self._pending_forks.pop(fork.request_id, None) is not None]
+            if forks:
+                self.pool.copy_slot(request.slot, [fork.slot for fork in forks])
+            for fork in forks:
+                fork.next_position = request.next_position
+                self._running[fork.request_id] = fork
+        members = [request, *forks]
+        rows = logits[None].expand(len(members), -1)
+        tokens = self._sample(rows, members)
+        logprobs = token_logprobs(rows, tokens, [m.sampling for m in members])
+        events = [self._emit(member, token, logprob) for member, token, logprob in zip(members, tokens, logprobs)]
+        if prompt_entries is not None:
+            for event in events:
+                event.prompt_logprobs = prompt_entries
+        return events
 
     def _decode_step(self) -> list[TokenEvent]:
         running = list(self._running.values())
@@ -287,7 +304,8 @@ class Engine:
         for request in running:
             request.next_position += 1
         next_tokens = self._sample(real_logits, running)
-        return [self._emit(request, token) for request, token in zip(running, next_tokens)]
+        logprobs = token_logprobs(real_logits, next_tokens, [request.sampling for request in running])
+        return [self._emit(request, token, logprob) for request, token, logprob in zip(running, next_tokens, logprobs)]
 
     def _check_eager(self, logits, tokens, positions, rows, n_real) -> None:
         # The same inputs through the uncompiled model, on a private copy of the gathered rows (row i <- slot_ids[i]).
@@ -300,7 +318,12 @@ class Engine:
         # logits: [N, vocab] -> one token per request
         return sample_tokens(logits, [request.sampling for request in requests])
 
-    def _emit(self, request: _Request, token: int) -> TokenEvent:
+    def _emit(self, request: _Request, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
+        event = self._advance(request, token)
+        event.logprob = logprob
+        return event
+
+    def _advance(self, request: _Request, token: int) -> TokenEvent:
         index = len(request.generated)
         request.generated.append(token)
         request.last_token = token
@@ -315,7 +338,8 @@ class Engine:
 
     def _finish(self, request: _Request, reason: str, token_id: int, index: int | None = None) -> TokenEvent:
         """Called with the lock held: the request leaves the live set and gives its slot back."""
-        if request.slot >= 0 and self._running.pop(request.request_id, None) is not None:
+        held = self._running.pop(request.request_id, None) is not None or self._pending_forks.pop(request.request_id, None) is not None
+        if request.slot >= 0 and held:
             self.pool.release(request.slot)
             request.slot = -1
         self._live_ids.discard(request.request_id)
@@ -366,5 +390,5 @@ def run_to_completion(engine: Engine, max_steps: int = 1_000_000) -> dict[str, l
 
 __all__ = [
     "POOL_MEMORY_SHARE", "SLOT_LEN_GRAIN", "Engine", "EngineConfig", "QueueFull", "TokenEvent", "_check_pool_fits",
-    "_fresh_function", "checkpoint_positions", "fitted_slot_len", "run_to_completion",
+    "_fresh_function", "checkpoint_positions", "choice_ids", "fitted_slot_len", "run_to_completion",
 ]
