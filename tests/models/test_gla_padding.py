@@ -64,3 +64,48 @@ def test_right_padded_prefill_ends_each_row_at_its_last_real_token():
             assert_close("recurrence", logits[row, :length], row_logits[0], torch.float32)
             for batched, alone in zip(state, row_state):
                 assert_close("recurrence", batched[row], alone[0], torch.float32)
+
+
+@pytest.mark.parametrize("short_conv", [False, True])
+def test_prefill_batch_equals_one_prompt_at_a_time_and_a_second_chunk_continues(short_conv):
+    # The serving contract (ModelAdapter.prefill_batch): a right-padded batch of prompts of different lengths
+    # gives each row's last logits and slot contents as that prompt alone; a second chunk continuing from the
+    # slots equals the whole prompt in one pass; slots not in the batch are untouched.
+    from assay.models.serving import StateAdapter
+
+    args = replace(FLAVOURS["tiny"], use_short_conv=short_conv)
+    adapter = StateAdapter(build_gla(args, seed=0, std=0.2).eval(), args, "gla")
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, args.vocab_size, (n,), generator=generator) for n in (7, 30, 2)]
+    slots = torch.tensor([3, 1, 4])
+
+    def padded(pieces):
+        width = max(len(p) for p in pieces)
+        return torch.stack([torch.cat([p, torch.zeros(width - len(p), dtype=torch.int64)]) for p in pieces]), torch.tensor([len(p) for p in pieces])
+
+    with torch.no_grad():
+        batched = adapter.pool_buffers(6, torch.float32, 64)
+        for buffer in batched:  # old contents in every slot: a fresh row must ignore them, other slots keep them
+            buffer.normal_(generator=generator)
+        untouched = [buffer[[0, 2, 5]].clone() for buffer in batched]
+        tokens, lengths = padded(prompts)
+        logits = adapter.prefill_batch(tokens, slots, batched, lengths=lengths)
+        alone = adapter.pool_buffers(6, torch.float32, 64)
+        for row, (prompt, slot) in enumerate(zip(prompts, slots.tolist())):
+            expected = adapter.prefill(prompt.view(1, -1), slot, alone)
+            assert_close("recurrence", logits[row], expected, torch.float32)
+            for mine, theirs in zip(batched, alone):
+                assert_close("recurrence", mine[slot], theirs[slot], torch.float32)
+        for buffer, before in zip(batched, untouched):
+            assert torch.equal(buffer[[0, 2, 5]], before)
+
+        # A second chunk of different lengths continues each row from its slot: equal to each whole prompt.
+        extra = [torch.randint(3, args.vocab_size, (n,), generator=generator) for n in (5, 1, 12)]
+        tokens, lengths = padded(extra)
+        logits = adapter.prefill_batch(tokens, slots, batched, lengths=lengths, start_positions=torch.tensor([7, 30, 2]), all_logits=True)
+        whole = adapter.pool_buffers(6, torch.float32, 64)
+        for row, (first, second, slot) in enumerate(zip(prompts, extra, slots.tolist())):
+            expected = adapter.prefill(torch.cat([first, second]).view(1, -1), slot, whole, all_logits=True)
+            assert_close("recurrence", logits[row, : len(second)], expected[len(first):], torch.float32)
+            for mine, theirs in zip(batched, whole):
+                assert_close("recurrence", mine[slot], theirs[slot], torch.float32)

@@ -182,10 +182,12 @@ class GLA(NativeDecoder):
             return [None] * n_layers, [None] * n_layers
         return list(state[:n_layers]), list(state[n_layers:]) or [None] * n_layers
 
-    def prefill(self, tokens: torch.Tensor, state: State | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+    def prefill(self, tokens: torch.Tensor, state: State | None = None, mask: torch.Tensor | None = None,
+                logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         # tokens: [B, T]; state: as init_state's, or None (a fresh sequence); mask: [B, T] bool (True: a real
-        # token; pads leave each row's state and convolution window as its real tokens left them) or None
-        # -> logits [B, T, vocab] (pad positions: unspecified), state
+        # token; pads leave each row's state and convolution window as its real tokens left them) or None;
+        # logits_at: [B] positions or None -> logits [B, T, vocab] (pad positions: unspecified), or
+        # [B, 1, vocab] at logits_at (a serving prefill needs one row of the head's [T, vocab]); state
         h = self.embed(tokens)
         recurrent, conv = self._split_state(state)
         new_recurrent, new_conv = [], []
@@ -193,6 +195,8 @@ class GLA(NativeDecoder):
             h, layer_state, conv_state = block(h, layer_state, output_final_state=True, conv_state=conv_state, mask=mask)
             new_recurrent.append(layer_state)
             new_conv.append(conv_state)
+        if logits_at is not None:
+            h = h[torch.arange(h.shape[0], device=h.device), logits_at].unsqueeze(1)  # [B, 1, dim]
         return self.logits(self.norm(h)), new_recurrent + (new_conv if self.args.use_short_conv else [])
 
     def decode_step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
