@@ -68,7 +68,8 @@ class ShortConvolution(nn.Module):
             padded = F.pad(x, (0, 0, history, 0))  # [B, W - 1 + T, D]
         else:
             padded = torch.cat([state.to(x.dtype), x], dim=1)
-        y = F.conv1d(padded.transpose(1, 2), self.weight, self.bias, groups=width)  # [B, D, T]
+        weight, bias = _local(self.weight), _local(self.bias)  # under tensor parallelism: this rank's channels
+        y = F.conv1d(padded.transpose(1, 2), weight, bias, groups=width)  # [B, D, T]
         final = None
         if output_final_state and ends is None:
             final = padded[:, padded.shape[1] - history:].contiguous()
@@ -81,3 +82,10 @@ class ShortConvolution(nn.Module):
 
     def extra_repr(self) -> str:
         return f"width={self.weight.shape[0]}, kernel_size={self.kernel_size}, bias={self.bias is not None}"
+
+
+def _local(parameter):
+    """A parameter sharded by tensor parallelism (assay.models.parallel.ChannelwiseParallel) computes with
+    this rank's part; anything else as it is. No torch.distributed import here: the shard says how."""
+    to_local = getattr(parameter, "to_local", None)
+    return parameter if to_local is None else to_local()
