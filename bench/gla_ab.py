@@ -1,6 +1,10 @@
 """gla_chunk now vs as of a git revision, A/B in one process: forward (no grad) and forward+backward.
 
-    python bench/gla_ab.py --before f8c9905 --threads 1   -> bench/results/gla_ab.json, a table
+    python bench/gla_ab.py --rev 3714d75 --threads 2 [--gate /16] [--dtype float32]   -> bench/results/gla_ab.json, a table
+
+The revision's kernel is loaded from git next to the working tree's (bench/gla_revision.py: the old
+single file or the package), so both run in one process on the same inputs. --gate picks the gate
+strength (bench/gla_gates.py's names; the model's /16 by default: the weak-gate regression check).
 
 For a loaded machine, where gla_bench.py's best-of-rounds is noisy: many rounds, each timing every
 (version, mode) once in a new random order, medians and quartiles as well as minima, and the load
@@ -24,12 +28,14 @@ from assay.core.files import atomic_write_json
 from assay.core.metrics import measure_peak_flops
 from assay.core.output import print_table
 from assay.ops import gla_chunk
-from gla_bench import CHUNK, RESULTS, floor_flops, load_before, make_inputs
+from gla_bench import CHUNK, RESULTS, floor_flops
+from gla_gates import make_inputs
+from gla_revision import load_gla_chunk
 
 
-def run(before_rev: str, time_steps: int, rounds: int, wipe: bool) -> dict:
-    versions = {"now": gla_chunk, before_rev: load_before(before_rev)}
-    inputs = make_inputs(time_steps)
+def run(before_rev: str, time_steps: int, rounds: int, wipe: bool, gate: str = "/16", dtype: torch.dtype = torch.float32) -> dict:
+    versions = {"now": gla_chunk, before_rev: load_gla_chunk(before_rev)}
+    inputs = make_inputs(time_steps, gate, dtype)
     leaves = [x.clone().requires_grad_() for x in inputs]
     scratch = torch.zeros(64 * 2**20) if wipe else None
 
@@ -40,7 +46,7 @@ def run(before_rev: str, time_steps: int, rounds: int, wipe: bool) -> dict:
         else:
             for x in leaves:
                 x.grad = None
-            fn(*leaves, chunk_size=CHUNK)[0].sum().backward()
+            fn(*leaves, chunk_size=CHUNK)[0].float().sum().backward()
 
     jobs = [(name, mode) for name in versions for mode in ("fwd", "fwd+bwd")]
     for name, mode in jobs:  # warm-up
@@ -70,6 +76,7 @@ def run(before_rev: str, time_steps: int, rounds: int, wipe: bool) -> dict:
     return {
         "config": {
             "before": before_rev, "T": time_steps, "rounds": rounds, "wipe_caches": wipe, "threads": torch.get_num_threads(),
+            "gate": gate, "dtype": str(dtype).removeprefix("torch."), "cores": os.cpu_count(),
             "chunk_size": CHUNK, "torch": torch.__version__, "loadavg_1min_per_round": loads, "loadavg_end": os.getloadavg(),
         },
         "matmul_rate_flops": rate,
@@ -84,7 +91,9 @@ def run(before_rev: str, time_steps: int, rounds: int, wipe: bool) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", default="f8c9905", help="git revision whose gla_chunk is the reference")
+    parser.add_argument("--rev", "--before", dest="before", default="3714d75", help="git revision whose gla_chunk is the reference")
+    parser.add_argument("--gate", default="/16", help="gate strength: /16 (the model's), /4, 1x, 4x or wipe (bench/gla_gates.py)")
+    parser.add_argument("--dtype", default="float32", help="input dtype: float32 or bfloat16")
     parser.add_argument("--T", type=int, default=4096, help="sequence length")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds")
@@ -92,14 +101,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "gla_ab.json"), help="JSON path")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result = run(args.before, args.T, args.rounds, args.wipe)
+    result = run(args.before, args.T, args.rounds, args.wipe, args.gate, getattr(torch, args.dtype))
     atomic_write_json(Path(args.out), result)
     table = [
         {"version": r["version"], "mode": r["mode"], "min ms": f"{1000 * r['min_s']:.2f}", "q1 ms": f"{1000 * r['q1_s']:.2f}",
          "median ms": f"{1000 * r['median_s']:.2f}", "median / floor": f"{r['median_times_floor']:.2f}"}
         for r in result["rows"]
     ]
-    print_table(table, list(table[0].keys()), title=f"gla_chunk A/B, T={args.T}, {args.threads} thread(s)")
+    print_table(table, list(table[0].keys()), title=f"gla_chunk A/B, T={args.T}, gate {args.gate}, {args.dtype}, {args.threads} thread(s)")
     print(f"median speedup vs {args.before}: {result['median_speedup_vs_before']}; load {result['config']['loadavg_end']}")
 
 

@@ -18,13 +18,10 @@ Width B=1, H=4, K=V=64 in float32; softmax attention is torch SDPA (causal) of t
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,9 +34,9 @@ from assay.core.metrics import measure_peak_flops, new_figure, save_figure
 from assay.core.numerics import rel_error
 from assay.core.output import print_table
 from assay.ops import gla_chunk, gla_recurrent
+from gla_revision import load_gla_chunk
 
 RESULTS = Path(__file__).resolve().parent / "results"
-REPO = Path(__file__).resolve().parent.parent
 BATCH, HEADS, KEY_DIM, VALUE_DIM = 1, 4, 64, 64
 LENGTHS = [1024, 4096, 16384]
 CHUNK = 64
@@ -66,14 +63,8 @@ def make_inputs(time_steps: int, seed: int = 0):
 
 
 def load_before(rev: str):
-    """gla_chunk as of git revision `rev` (its assay/kernels/gla.py imported as a separate module)."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:assay/kernels/gla.py"], capture_output=True, text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"gla_{rev}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"gla_{rev}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.gla_chunk
+    """gla_chunk as of git revision `rev` (bench/gla_revision.py: single-file or package layout)."""
+    return load_gla_chunk(rev)
 
 
 def fla_naive():
