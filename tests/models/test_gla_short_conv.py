@@ -145,3 +145,19 @@ def test_transformers_generate_and_the_engine_carry_the_conv_state(tmp_path):
     results = run_to_completion(engine)
     assert results["a"] == expected[0, 23:].tolist()
     assert results["b"] == model.generate(other, 12)[0, 9:].tolist()
+
+
+def test_filters_start_as_flas_model_draws_them():
+    # fla's GLAForCausalLM._init_weights draws every nn.Conv1d (its ShortConvolution) normal(0, initializer_range)
+    # with a zero bias; the native build and Transformers' random init do the same (docs/gla.md: the recall
+    # recipe converges with either draw, measured in bench/results/recall_conv_init_ab.json).
+    from assay.models.gla.hf_config import GLAConfig
+    from assay.models.gla.hf_model import GLAForCausalLM
+
+    args = replace(ARGS, dim=256, conv_bias=True)  # 768 filters of 4 taps: a sample's std within 10% of the draw's
+    hf = GLAForCausalLM(GLAConfig(**args.to_hf_config()))
+    for model, std in ((build_gla(args, seed=0, std=0.05), 0.05), (hf.model, hf.config.initializer_range)):
+        for name in ("q_conv", "k_conv", "v_conv"):
+            conv = getattr(model.layers[0].attention, name)
+            assert abs(conv.weight.std().item() - std) < 0.1 * std, (name, conv.weight.std().item(), std)
+            assert torch.equal(conv.bias, torch.zeros_like(conv.bias))

@@ -93,12 +93,11 @@ class _GLAChunkFunction(torch.autograd.Function):
     def forward(q, k, v, g, initial_state, scale, chunk_size):
         if compiling():
             return (*_compiled_forward(q, k, v, g, initial_state, scale, chunk_size), COMPILED)
-        result, sums = eager_forward(q, k, v, g, initial_state, scale, chunk_size)
+        result = eager_forward(q, k, v, g, initial_state, scale, chunk_size)
         if result is not None:
             return (*result, None)
         chunk = internal_chunk(chunk_size)
-        # The factorised attempt's cumulative gates serve the sub-chunk form when the chunks agree.
-        b, local = sums if chunk == chunk_size else cumulative_gates(g, chunk, keep_local=True)
+        b, local = cumulative_gates(g, chunk, keep_local=True)
         form = plan(local, chunk)
         parts = SubChunkParts(q, k, g, local, form, scale, b)
         return (*_forward_from_parts(parts, v, initial_state, scale, chunk), form)

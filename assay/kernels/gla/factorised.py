@@ -24,16 +24,15 @@ FACTORISED_LOG_RANGE = 60.0
 
 def eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
     """The forward without a compiler, in the fewest full-size passes, from [B, T, H, D] inputs (T a
-    multiple of C): ((o [B, T, H, V], final state, the [B, H, N, K, V] states entering each chunk), None),
-    or, when some chunk's total decay is out of range, (None, (b, local)): the cumulative gates
-    [B, H, N, C, K] and their per-block sums (scan.cumulative_gates), from which the sub-chunk form goes on.
+    multiple of C): (o [B, T, H, V], final state, the [B, H, N, K, V] states entering each chunk), or None
+    when some chunk's total decay is out of range (then only the cumulative gates were computed).
 
     One decay factor per position, exp(b); queries q exp(b), keys k exp(-b) (at most e^RANGE |k|);
     each chunk's update (k exp(-b))^T v scaled by exp(B) after the matmul ([K, V] rows, not [C, K] keys)."""
-    b, local = cumulative_gates(g, chunk_size, keep_local=True)  # [B, H, N, C, K]
+    b = cumulative_gates(g, chunk_size)  # [B, H, N, C, K]
     # b_i >= B (gates <= 0): every chunk's total in range keeps every exp(-b) <= e^RANGE.
     if b[..., -1, :].amin() < -FACTORISED_LOG_RANGE:
-        return None, (b, local)
+        return None
     decay_in = b.exp_()  # exp(b), contiguous
     chunk_decay = decay_in[..., -1, :].unsqueeze(-1).clone()  # [B, H, N, K, 1]: exp(B)
     q_c, k_c, v_c = (chunked(x, chunk_size) for x in (q, k, v))
@@ -46,7 +45,7 @@ def eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
     # o = scores v + scale (q exp(b)) S_entry: the second added in place by the same batched matmul.
     o = bmm(scores, v_c)
     o.flatten(0, 2).baddbmm_(queries_in.flatten(0, 2), states.flatten(0, 2), alpha=scale)
-    return (o.flatten(2, 3).transpose(1, 2), final, states), None
+    return o.flatten(2, 3).transpose(1, 2), final, states
 
 
 class FactorisedParts:

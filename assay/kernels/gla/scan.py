@@ -93,12 +93,15 @@ def cumulative_gates(g, chunk_size: int, keep_local: bool = False):
     rows[0].copy_(g_rows[0])
     for previous, row, g_row in zip(rows, rows[1:], g_rows[1:]):
         torch.add(previous, g_row, out=row)
-    # Each block's carry: the totals of the blocks before it (small, [B, H, N, blocks, 1, K]).
+    if not keep_local:  # each block plus the last row of the one before, in place: the factorised form's fast path
+        blocks = local.unbind(-3)
+        for previous, block in zip(blocks, blocks[1:]):
+            block.add_(previous[..., -1:, :])
+        return local.flatten(-3, -2)
+    # Each block's carry (the totals of the blocks before it, small) added into a new tensor, local kept.
     totals = local[..., -1:, :]
     carry = torch.zeros_like(totals)
     torch.cumsum(totals[..., :-1, :, :], dim=-3, out=carry[..., 1:, :, :])
-    if not keep_local:
-        return local.add_(carry).flatten(-3, -2)
     return torch.add(local, carry).flatten(-3, -2), local
 
 

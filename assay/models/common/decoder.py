@@ -96,7 +96,11 @@ class NativeDecoder(nn.Module):
             elif isinstance(module, RMSNorm):
                 module.reset_parameters()
             elif isinstance(module, ShortConvolution):
-                module.reset_parameters(generator)
+                # As fla's GLAForCausalLM._init_weights (its ShortConvolution is an nn.Conv1d): normal(0, std)
+                # filters, zero bias (docs/gla.md, "Short convolutions": measured against nn.Conv1d's uniform).
+                module.weight.normal_(0.0, std, generator=generator)
+                if module.bias is not None:
+                    module.bias.zero_()
         self.reset_buffers()
 
     def init_buffers(self) -> None:

@@ -50,9 +50,9 @@ class ShortConvolution(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        # nn.Conv1d's own initialisation (uniform, bound 1 / sqrt(kernel_size) for a depthwise filter): the
-        # filter starts near a unit-gain average of the taps. fla draws it as its matrices, normal(0, std),
-        # which at std 0.02-0.05 scales q, k and v down about 20-50x; the recall runs used this one.
+        # nn.Conv1d's own initialisation (uniform, bound 1 / sqrt(kernel_size) for a depthwise filter), as fla's
+        # ShortConvolution (an nn.Conv1d) on its own. A model's init_weights then draws it as fla's model does,
+        # normal(0, std) with a zero bias (assay.models.common.decoder).
         bound = 1.0 / math.sqrt(self.kernel_size)
         self.weight.uniform_(-bound, bound, generator=generator)
         if self.bias is not None:

@@ -72,8 +72,10 @@ class GLAPreTrainedModel(PreTrainedModel):
                 module.bias.zero_()
         elif isinstance(module, RMSNorm):
             module.reset_parameters()
-        elif isinstance(module, ShortConvolution):
-            module.reset_parameters()
+        elif isinstance(module, ShortConvolution):  # fla's ShortConvolution is an nn.Conv1d: the same normal(0, std)
+            module.weight.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.zero_()
 
 
 class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
