@@ -29,6 +29,7 @@ from assay.core.metrics import measure_peak_flops
 from assay.core.output import print_table
 from assay.ops import gla_chunk
 from gla_bench import CHUNK, RESULTS, floor_flops
+from gla_gates import call as time_call
 from gla_gates import make_inputs
 from gla_revision import load_gla_chunk
 
@@ -39,14 +40,8 @@ def run(before_rev: str, time_steps: int, rounds: int, wipe: bool, gate: str = "
     leaves = [x.clone().requires_grad_() for x in inputs]
     scratch = torch.zeros(64 * 2**20) if wipe else None
 
-    def call(fn, mode):
-        if mode == "fwd":
-            with torch.no_grad():
-                fn(*inputs, chunk_size=CHUNK)
-        else:
-            for x in leaves:
-                x.grad = None
-            fn(*leaves, chunk_size=CHUNK)[0].float().sum().backward()
+    def call(fn, mode):  # gla_gates.call: forward under no_grad, or forward+backward from fresh leaves
+        time_call(fn, inputs if mode == "fwd" else leaves, mode)
 
     jobs = [(name, mode) for name in versions for mode in ("fwd", "fwd+bwd")]
     for name, mode in jobs:  # warm-up
