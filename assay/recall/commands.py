@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
     def sweep(
         out: Path = typer.Option(..., "--out", help="folder for sweep.json, sweep.png and the checkpoints"),
         widths: str = typer.Option("32,64,128", "--widths", help="model widths (both architectures)"),
-        gla_states: str = typer.Option("4:0.5,1:1", "--gla-states", help="GLA state settings per width, heads:expand_k"),
+        gla_states: str = typer.Option("4:0.5,1:0.5", "--gla-states", help="GLA state settings per width, heads:expand_k"),
         arch: str = typer.Option("gla,qwen3", "--arch", help="architectures: gla, qwen3 (attention)"),
         pairs: str = typer.Option("4,16", "--pairs", help="key-value pair counts (trained mixed, scored each)"),
         seq_len: int = typer.Option(64, "--seq-len"),

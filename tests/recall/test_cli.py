@@ -65,7 +65,7 @@ def test_needle_command_prints_json_grid_and_heat_map(recall_run, tmp_path, assa
     (["recall", "train", "--out", "X", "--steps", "1", "--keys", "0"], "invalid MQAR token layout"),
     (["recall", "train", "--out", "X", "--steps", "1", "--short-first", "2", "--until-accuracy", "0.9"], "--short-first 2: needs >= 4 tokens"),
     (["recall", "train", "--out", "X", "--steps", "1", "--patience", "0"], "--patience must be >= 1"),
-    (["recall", "sweep", "--out", "X", "--widths", "30"], "--widths 30"),
+    (["recall", "sweep", "--out", "X", "--widths", "30", "--attention-heads", "4"], "--widths 30"),
     (["recall", "sweep", "--out", "X", "--gla-states", "4:x"], "--gla-states"),
     (["recall", "sweep", "--out", "X", "--attention-heads", "0"], "--attention-heads must be >= 1"),
 ])

@@ -73,7 +73,10 @@ def test_curriculum_adds_pair_counts_as_the_active_ones_reach_the_target(tmp_pat
 
 
 def test_sweep_points_grow_gla_state_at_matched_parameters():
-    request = RecallSweepRequest(out=None, widths=(32, 64), gla_states=((4, 0.5), (1, 1.0)))
+    # The state formula at the 1,024-id vocabulary, four attention heads, no convolutions (whose window the
+    # next test adds): one head at expand_k 1 holds 8x four heads at 0.5.
+    request = RecallSweepRequest(out=None, widths=(32, 64), gla_states=((4, 0.5), (1, 1.0)), attention_heads=4, gla_short_conv=False,
+                                 layout=MQARSpec(n_keys=64, n_values=64))
     points = sweep_points(request)
     assert [(p.arch, p.size.dim) for p in points] == [("qwen3", 32), ("gla", 32), ("gla", 32), ("qwen3", 64), ("gla", 64), ("gla", 64)]
     for dim in (32, 64):
@@ -134,6 +137,6 @@ def test_short_convolutions_add_their_window_to_the_gla_state_and_the_sweep_tag(
     assert args.use_short_conv and not model_args("gla", plain).use_short_conv
     # per layer: 3 past inputs of q, k (32 wide each) and v (64 wide), float32
     assert state_bytes("gla", args, 64) == state_bytes("gla", model_args("gla", plain), 64) + 2 * 3 * (32 + 32 + 64) * 4
-    points = sweep_points(RecallSweepRequest(out=None, widths=(64,), gla_states=((4, 0.5),), gla_short_conv=True))
+    points = sweep_points(RecallSweepRequest(out=None, widths=(64,), gla_states=((4, 0.5),), gla_short_conv=True, attention_heads=4))
     assert [p.tag for p in points] == ["-d64-h4", "-d64-h4-k0.5-conv"]
     assert abs(matched_params(conv)["gla"] - matched_params(conv)["qwen3"]) <= 0.10 * matched_params(conv)["qwen3"]
