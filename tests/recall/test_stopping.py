@@ -93,7 +93,7 @@ def test_sweep_command_writes_rows_per_state_and_the_plot(tmp_path, assay_cli):
     out = tmp_path / "sweep"
     result = assay_cli("recall", "sweep", "--out", str(out), "--widths", "16", "--gla-states", "4:0.5,1:1", "--pairs", "2,4",
                        "--seq-len", "32", "--steps", "3", "--until-accuracy", "1", "--keys", "16", "--eval-examples", "4",
-                       "--attention-heads", "4", "--json")
+                       "--attention-heads", "4", "--no-short-conv", "--filler", "928", "--json")  # the zoo's 1,024 ids
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     rows = data["rows"]
