@@ -138,8 +138,10 @@ def _forward_from_parts(parts, v, state, scale: float, chunk: int):
     updates = bmm(parts.keys_exit.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
     states, final = scan_states(state, parts.chunk_decay, updates)
     # o = scores v + scale (q exp(b)) S_entry, the second added inside the batched matmul.
-    o = bmm(parts.queries_entry, states, add=bmm(parts.scores, v_c), alpha=scale)
-    return o.flatten(2, 3).transpose(1, 2), final, states
+    o = bmm(parts.queries_entry, states, add=bmm(parts.scores, v_c), alpha=scale).flatten(2, 3).transpose(1, 2)
+    # Compiled, o is made contiguous: its gradient then arrives contiguous too, which the backward's torch.cond
+    # branches (traced with contiguous operands) assert.
+    return (o.contiguous() if compiling() else o), final, states
 
 
 def _backward_body(parts, q, k, v, g, states_before, final, grad_o, grad_final, scale, chunk: int, floor):
@@ -194,7 +196,8 @@ def _compiled_forward(q, k, v, g, state, scale: float, chunk_size: int):
         parts = SubChunkParts(q, k, g, None, strongest, scale)
         return tuple(x.contiguous().flatten() for x in (parts.scores, parts.queries_entry, parts.keys_exit, parts.chunk_decay))
 
-    scores, queries_entry, keys_exit, chunk_decay = torch.cond(_in_range(g, chunk), factorised, sub_chunk, (q, k, g))
+    operands = tuple(x.contiguous() for x in (q, k, g))
+    scores, queries_entry, keys_exit, chunk_decay = torch.cond(_in_range(g, chunk), factorised, sub_chunk, operands)
     parts = _Parts(
         scores=scores.view(*lead, chunk, chunk), queries_entry=queries_entry.view(*lead, chunk, key_dim),
         keys_exit=keys_exit.view(*lead, chunk, key_dim), chunk_decay=chunk_decay.view(*lead, key_dim, 1),
@@ -218,7 +221,10 @@ def _compiled_backward(saved, chunk_size: int):
         grads = _backward_body(parts, *tensors, scale, chunk, strongest.floor)
         return tuple(x.contiguous().flatten() for x in grads)
 
-    flat = torch.cond(_in_range(g, chunk), factorised, sub_chunk, (q, k, v, g, states_before, final, grad_o, grad_final))
+    # Contiguous operands: a gradient arrives with its output's strides (o is a transposed view), and the
+    # branches' compiled graphs assert the layout they were traced with.
+    operands = tuple(x.contiguous() for x in (q, k, v, g, states_before, final, grad_o, grad_final))
+    flat = torch.cond(_in_range(g, chunk), factorised, sub_chunk, operands)
     return tuple(x.view(shape) for x, shape in zip(flat, shapes))
 
 
