@@ -23,7 +23,7 @@ from assay.core.device import device_name, memory_in_use_bytes, resolve_device
 from assay.core.dtypes import DTYPE_NAMES, dtype_name, torch_dtype
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_text
-from assay.core.metrics import JsonlWriter, StepTimer, lookup_peak_flops, measure_peak_flops, mfu, read_jsonl, train_flops_per_token
+from assay.core.metrics import JsonlWriter, StepTimer, lookup_peak_flops, measure_peak_flops, mfu, read_jsonl
 from assay.train import checkpoint as checkpoints
 from assay.train import distributed
 from assay.train.activation_checkpoint import MODES as AC_MODES
@@ -301,7 +301,7 @@ class Trainer:
         self.head_weight = loaded.output_weight() if chunk and not layout.distributed else None
         self.loss_chunk_tokens = chunk if self.head_weight is not None else 0
         shape = loaded.flop_shape
-        self.flops_per_token = train_flops_per_token(shape.active_matmul_params, shape.n_layers, shape.attention_width, request.seq_len)
+        self.flops_per_token = shape.train_flops_per_token(request.seq_len)  # the FLOP shape's own count (window layers at their window)
         self.peak_flops, self.peak_source = _peak_flops(request.peak_flops, self.device, self.dtype) if layout.is_main else (None, "")
         self.timer = StepTimer(self.device, warmup_steps=request.timing_warmup_steps)
         self.records: list[dict] = []
