@@ -29,7 +29,7 @@ from assay.core.errors import AssayError
 from assay.models.serving import CacheSpec, ModelAdapter
 
 # Where the built-in entries live. Adding an architecture: a folder, its register(...) call, one line here.
-ARCH_PACKAGES: tuple[str, ...] = ("assay.models.qwen3", "assay.models.gla", "assay.models.llama")
+ARCH_PACKAGES: tuple[str, ...] = ("assay.models.qwen3", "assay.models.gla", "assay.models.llama", "assay.models.gemma3")
 
 
 @dataclass(frozen=True)
