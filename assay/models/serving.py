@@ -81,10 +81,11 @@ class ModelAdapter(ABC):
         no write past the slot's end; GLA: state and conv window untouched by pads)."""
         ...
 
-    def prefill(self, tokens: torch.Tensor, slot: int, buffers: list[torch.Tensor]) -> torch.Tensor:
-        """tokens [1, T] of one fresh sequence -> logits [vocab] at its last position; its state written to row `slot`."""
+    def prefill(self, tokens: torch.Tensor, slot: int, buffers: list[torch.Tensor], *, all_logits: bool = False) -> torch.Tensor:
+        """tokens [1, T] of one fresh sequence -> logits [vocab] at its last position ([T, vocab] at every
+        position with all_logits: a prompt's own log-probabilities); its state written to row `slot`."""
         slot_ids = torch.tensor([slot], dtype=torch.int64, device=tokens.device)
-        return self.prefill_batch(tokens, slot_ids, buffers)[0]
+        return self.prefill_batch(tokens, slot_ids, buffers, all_logits=all_logits)[0]
 
     @abstractmethod
     def decode(self, tokens: torch.Tensor, slot_ids: torch.Tensor, positions: torch.Tensor, buffers: list[torch.Tensor]) -> torch.Tensor:
