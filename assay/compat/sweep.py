@@ -15,7 +15,7 @@ from pathlib import Path
 from assay.compat.dataset import check_results_target, init_results, recorded_keys, write_row
 from assay.compat.isolate import run_isolated
 from assay.compat.placement import DevicePool, child_env, devices_needed
-from assay.compat.probe import plan_probe
+from assay.compat.plan import plan_probe
 from assay.compat.request import ProbePlan, ProbeRequest
 from assay.compat.schema import FAILURES, ROW_KEY
 from assay.core.device import device_count, resolve_device, total_memory_bytes
