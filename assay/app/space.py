@@ -28,6 +28,7 @@ VENDORED_MODULES = (
     "core/errors.py", "core/files.py", "core/dtypes.py",
     "compat/request.py", "compat/schema.py", "compat/dataset.py", "compat/diff.py", "compat/signature.py",
     "app/catalog.py", "app/charts.py", "app/data.py", "app/ui.py",
+    *(f"app/results/{name}.py" for name in ("status", "cells", "snapshot", "listing", "query", "model_page", "analysis")),
 )
 REQUIREMENTS = ("gradio", "duckdb", "pyarrow", "pandas", "matplotlib")
 SPACE_STAMP = ".assay-space"  # marks a folder this command wrote, so a re-export may replace it
@@ -156,7 +157,7 @@ def _write_space(out: Path, results: Path, catalog: Catalog, title: str) -> Spac
     for relative in VENDORED_MODULES:
         _copy(package / relative, out / "assay" / relative)
         written.append(f"assay/{relative}")
-    for sub in ("", "core/", "compat/", "app/"):
+    for sub in ("", "core/", "compat/", "app/", "app/results/"):
         atomic_write_text(out / "assay" / sub / "__init__.py",
                           f'"""Vendored from assay {assay.__version__} by assay export-space."""\n'
                           + (f'\n__version__ = "{assay.__version__}"\n' if not sub else ""))
