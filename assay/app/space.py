@@ -28,7 +28,7 @@ VENDORED_MODULES = (
     "core/errors.py", "core/files.py", "core/dtypes.py",
     "compat/request.py", "compat/schema.py", "compat/dataset.py", "compat/diff.py", "compat/signature.py",
     "app/catalog.py", "app/charts.py", "app/data.py", "app/ui.py",
-    *(f"app/results/{name}.py" for name in ("status", "cells", "snapshot", "listing", "query", "model_page", "analysis")),
+    *(f"app/results/{name}.py" for name in ("status", "cells", "accuracy", "snapshot", "listing", "query", "model_page", "analysis")),
 )
 REQUIREMENTS = ("gradio", "duckdb", "pyarrow", "pandas", "matplotlib")
 SPACE_STAMP = ".assay-space"  # marks a folder this command wrote, so a re-export may replace it

@@ -46,6 +46,10 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
         request = replace(request, judge=judge)
     if request.judge:
         resolve_model(request.judge)  # a bad judge path is bad input, found before any work
+    if request.eval_tasks:
+        from assay.compat.eval_tasks import check_eval_tasks
+
+        request = replace(request, eval_tasks=check_eval_tasks(tuple(request.eval_tasks)))
     checks = ["tokens-vs-cpu-eager"] if request.reference else []
     if request.devices > 1 and request.judge:
         checks.append("judge")
@@ -75,13 +79,14 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
     row["run_py"] = render_run_py(
         model_path=ref.load_path, task=task, device=str(device), dtype=request.dtype, backend=backend,
         new_tokens=request.new_tokens, stack_label=stack.label, stack_id=stack.stack_id,
-        parallelism=parallelism, num_devices=request.devices, model_code=row["model_code"],
+        parallelism=parallelism, num_devices=request.devices, model_code=row["model_code"], eval_tasks=request.eval_tasks,
     )
     row["command"] = (
         f"assay probe {request.model} --device {request.device} --backend {backend} --dtype {request.dtype} "
         f"--new-tokens {request.new_tokens}"
         + (f" --devices {request.devices}" if request.devices > 1 else "")
         + (f" --judge {request.judge}" if request.judge else "")
+        + (f" --eval {','.join(request.eval_tasks)}" if request.eval_tasks else "")
         + " --out results/"
     )
     return ProbePlan(request, ref, task, device, backend, row)

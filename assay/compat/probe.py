@@ -34,6 +34,10 @@ def execute(plan: ProbePlan) -> dict:
     started = time.perf_counter()
 
     def finish(status: str, reason: str, error: str | None = None) -> dict:
+        if request.eval_tasks and row.get("eval_tasks") is None:  # asked for, but the probe ended before it
+            from assay.compat.evaluation import not_run
+
+            not_run(plan, row, f"the probe ended {status}")
         row.update(status=status, reason=reason, error=error, total_s=time.perf_counter() - started)
         return row
 
@@ -103,6 +107,12 @@ def execute(plan: ProbePlan) -> dict:
         return finish(classify_exception(exc, "run"), f"CPU eager reference failed: {one_line(exc)}", traceback.format_exc())
     status, reason = compare_with_reference(row, tokens, reference)
     record_drift(row, plan, tokens, logits, reference)
+    # 4. --eval: task accuracy on the device, next to the CPU eager reference's. After FAIL_ACCURACY too:
+    # tokens that diverge after a near-tie may still answer every item the same.
+    if request.eval_tasks:
+        from assay.compat.evaluation import record_eval, score_on_device
+
+        record_eval(plan, row, score_on_device(plan, model), cpu_model=model if device.type == "cpu" else None)
     return finish(status, reason)
 
 
@@ -110,9 +120,15 @@ def _execute_sharded(plan: ProbePlan, row: dict, finish) -> dict:
     from assay.compat.sharded import probe_rank
 
     request = plan.request
+    eval_paths = []
+    if request.eval_tasks:
+        from assay.compat.eval_tasks import task_file
+
+        eval_paths = [str(task_file(spec)) for spec in request.eval_tasks]
     report = recipe.launch(
         probe_rank, request.devices, plan.device.type,
-        args=(plan.ref.load_path, plan.task, plan.device.type, request.dtype, row["parallelism"], request.devices, plan.backend, request.new_tokens),
+        args=(plan.ref.load_path, plan.task, plan.device.type, request.dtype, row["parallelism"], request.devices, plan.backend, request.new_tokens,
+              eval_paths),
     )
     for key in ("load_s", "compile_s", "decode_tokens_per_s", "prompt_tokens", "peak_memory_bytes", "memory_kind"):
         row[key] = report.get(key)
@@ -136,8 +152,14 @@ def _execute_sharded(plan: ProbePlan, row: dict, finish) -> dict:
         verdict = judge_text(text, resolve_model(request.judge).load_path)
         notes.append(verdict.reason)
     where = f"sharded over {request.devices} ({row['parallelism']} parallel)"
+    if request.eval_tasks:  # every rank scored the tasks (the same forwards, so the collectives match); rank 0 reported
+        from assay.compat.evaluation import record_eval
+
+        record_eval(plan, row, report["eval"], with_reference=request.reference)
     if request.reference:
-        status, reason = compare_with_reference(row, tokens, run_reference(plan, row), what="single-device CPU eager")
+        reference = run_reference(plan, row)
+        status, reason = compare_with_reference(row, tokens, reference, what="single-device CPU eager")
+        record_drift(row, plan, tokens, report.get("logits"), reference)
         return finish(status, f"{where}: {reason}" + "".join(f"; {n}" for n in notes))
     if verdict is not None and not verdict.fluent:
         return finish("FAIL_ACCURACY", f"{where}: {verdict.reason}")

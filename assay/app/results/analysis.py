@@ -15,7 +15,7 @@ from assay.app.results.status import ANY, NOT_TESTED, result_label
 from assay.compat.diff import diff_stacks
 from assay.compat.schema import FAILURES
 
-DIFF_COLUMNS = ["change", "model", "dtype", "base", "new", "base reason", "new reason"]
+DIFF_COLUMNS = ["change", "model", "dtype", "base", "new", "base eval", "new eval", "base reason", "new reason"]
 GROUP_COLUMNS = ["count", "signature", "statuses", "models", "stacks", "graph breaks and recompiles"]
 PASS_RATE_COLUMNS = ["stack", "passed", "failed", "skipped", "tested", "pass rate"]
 
@@ -30,8 +30,8 @@ def compare_stacks(folder: str | Path, base: str, new: str) -> Comparison:
     result = diff_stacks(folder, base, new)
     shown = lambda status: NOT_TESTED if status is None else result_label(status)  # noqa: E731
     table = pd.DataFrame(
-        [[c.kind.replace("_", " "), c.model, cell_text(c.dtype), shown(c.base_status), shown(c.new_status), cell_text(c.base_reason),
-          cell_text(c.new_reason)] for c in result.changes],
+        [[c.kind.replace("_", " "), c.model, cell_text(c.dtype), shown(c.base_status), shown(c.new_status), cell_text(c.base_eval),
+          cell_text(c.new_eval), cell_text(c.base_reason), cell_text(c.new_reason)] for c in result.changes],
         columns=DIFF_COLUMNS, dtype=object,
     )
     rate = lambda r: "-" if r is None else f"{100 * r:.0f}%"  # noqa: E731

@@ -19,7 +19,7 @@ VIEWS = (SELECTED, TRENDING, DOWNLOADS, ALL_RESULTS)
 DEFAULT_LIMIT = 500
 
 LIST_COLUMNS = [
-    "#", "model", "tested as", "task", "result", "reason", "stack", "dtype", "device", "compiler", "transformers",
+    "#", "model", "tested as", "task", "result", "eval", "reason", "stack", "dtype", "device", "compiler", "transformers",
     "total s", "peak MB", "downloads", "likes", "trending",
 ]
 
@@ -154,6 +154,7 @@ def _display(matched: pd.DataFrame) -> pd.DataFrame:
         "tested as": [cell_text(v) for v in matched["model"]],
         "task": [cell_text(v) for v in matched["task"]],
         "result": [cell_text(v) for v in matched["result"]],
+        "eval": [cell_text(v) for v in matched["eval"]],
         "reason": [cell_text(v) for v in matched["reason"]],
         "stack": [cell_text(v) for v in matched["stack_id"]],
         "dtype": [cell_text(v) for v in matched["dtype"]],

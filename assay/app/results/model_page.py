@@ -8,14 +8,16 @@ from dataclasses import dataclass
 import pandas as pd
 
 from assay.app.catalog import Catalog, CatalogModel
+from assay.app.results.accuracy import drift_table, eval_note, eval_table
 from assay.app.results.cells import cell_megabytes, cell_number, cell_text
 from assay.app.results.snapshot import Snapshot
 from assay.app.results.status import NOT_TESTED, result_label
 from assay.compat.dataset import connect
+from assay.compat.diff import eval_label
 from assay.compat.signature import exception_line
 
 MODEL_COLUMNS = [
-    "stack", "tested as", "dtype", "result", "reason", "devices", "load s", "compile s", "decode tok/s", "total s", "peak MB",
+    "stack", "tested as", "dtype", "result", "eval", "reason", "devices", "load s", "compile s", "decode tok/s", "total s", "peak MB",
 ]
 
 
@@ -35,6 +37,9 @@ class ResultDetail:
     facts: pd.DataFrame  # two columns: what, value (timings, memory, devices)
     repro_py: str = ""  # `assay triage`'s minified repro ("" when the row was not triaged)
     repro_note: str = ""  # its size, whether it reproduces alone, what triage did
+    drift: pd.DataFrame | None = None  # accuracy.DRIFT_COLUMNS: the logit drift per compared step
+    eval: pd.DataFrame | None = None  # accuracy.EVAL_COLUMNS: task accuracy, device next to reference
+    eval_note: str = ""  # the eval's verdict and reason
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,8 @@ def model_page(snapshot: Snapshot, catalog: Catalog, key: str) -> ModelPage:
         for row in stack_rows:
             ordered.append(row)
             table_rows.append([
-                stack_id, cell_text(row["model"]), cell_text(row.get("dtype")), result_label(row["status"]), cell_text(row.get("reason")),
+                stack_id, cell_text(row["model"]), cell_text(row.get("dtype")), result_label(row["status"]), cell_text(eval_label(row)),
+                cell_text(row.get("reason")),
                 _devices(row), cell_number(row.get("load_s")), cell_number(row.get("compile_s")),
                 cell_number(row.get("decode_tokens_per_s")), cell_number(row.get("total_s")), cell_megabytes(row.get("peak_memory_bytes")),
             ])
@@ -122,6 +128,7 @@ def result_detail(row: dict) -> ResultDetail:
         versions=versions, run_py=cell_text(row.get("run_py")), command=cell_text(row.get("command")),
         facts=pd.DataFrame(facts, columns=["what", "value"], dtype=object),
         repro_py=cell_text(row.get("repro_py")), repro_note=repro_note(row),
+        drift=drift_table(row), eval=eval_table(row), eval_note=eval_note(row),
     )
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from assay.app.results.status import parsed_versions, result_label
 from assay.compat.dataset import check_results, connect, stack_files
+from assay.compat.diff import eval_label
 from assay.compat.schema import FAILURES
 from assay.compat.signature import error_signature
 
@@ -18,6 +19,7 @@ _INDEX_SQL = """
 SELECT model, stands_in_for, task, architecture, status, reason, device, device_name, backend, dtype, num_devices,
        parallelism, stack_id, stack_label, versions, load_s, compile_s, decode_tokens_per_s, total_s,
        peak_memory_bytes, memory_kind, logit_max_rel_max, logit_cosine_min, compile_reasons, repro_verified,
+       eval_status, eval_agreement_min,
        CASE WHEN status IN ({failures}) THEN coalesce(error, reason, status) END AS failure_text
 FROM results
 """
@@ -52,6 +54,7 @@ def load_snapshot(folder: str | Path) -> Snapshot:
     rows["transformers"] = [p[1] for p in parsed]
     rows["public"] = rows["stands_in_for"].where(rows["stands_in_for"].notna() & (rows["stands_in_for"] != ""), rows["model"])
     rows["result"] = [result_label(s) for s in rows["status"]]
+    rows["eval"] = [eval_label({"eval_status": s, "eval_agreement_min": a}) or "" for s, a in zip(rows["eval_status"], rows["eval_agreement_min"])]
     rows["signature"] = [error_signature(t) if isinstance(t, str) else "" for t in rows["failure_text"]]
     rows["search"] = (rows["model"].str.lower() + "\n" + rows["public"].str.lower()) if len(rows) else pd.Series(dtype=object)
     rows = rows.drop(columns=["versions", "failure_text"]).sort_values(["public", "model", "stack_id", "dtype"], kind="stable")

@@ -61,10 +61,11 @@ STATUS_COLOURS = {
 
 
 def status_kind(label: str) -> str | None:
-    """pass, failure, abnormal or neutral for a shown status; None for any other text."""
-    if label == "PASS":
+    """pass, failure, abnormal or neutral for a shown status, or an eval's ("AGREE 1.00", "DISAGREE 0.87",
+    "FAIL"); None for any other text."""
+    if label == "PASS" or label.startswith("AGREE"):
         return "pass"
-    if label.startswith("FAIL"):
+    if label.startswith(("FAIL", "DISAGREE")):
         return "failure"
     if label in ("TIMEOUT", "OOM", "CRASH"):
         return "abnormal"
