@@ -73,10 +73,11 @@ def eval_regressed(base_eval: str | None, new_eval: str | None) -> bool:
 
 def eval_label(row: dict | None) -> str | None:
     """ "AGREE 1.00": the eval's status and its lowest task agreement; None without an eval."""
-    if not row or not row.get("eval_status"):
+    status = row.get("eval_status") if row else None
+    if not isinstance(status, str) or not status:  # null, or a table reader's NaN
         return None
     agreement = row.get("eval_agreement_min")
-    return row["eval_status"] + ("" if agreement is None else f" {agreement:.2f}")
+    return status + ("" if not isinstance(agreement, float) or agreement != agreement else f" {agreement:.2f}")
 
 
 def _kind(base: dict | None, new: dict | None) -> str:

@@ -73,21 +73,21 @@ def test_the_reference_comes_from_the_cache_the_second_time(honest):
 
 @pytest.mark.slow
 def test_a_backend_that_doubles_the_lm_head_is_caught(zoo_dir, honest):
-    row = probe(ProbeRequest(str(zoo_dir / "qwen3-pretrained"), backend="test_hot_logits", new_tokens=4, eval_tasks=BOTH))
+    row = probe(ProbeRequest(str(zoo_dir / "qwen3-pretrained"), backend="test_hot_logits", new_tokens=4, eval_tasks=("assay_next_sentence",)))
     # Doubled logits keep every argmax: the tokens still match, the token check cannot see this fault.
     assert row["status"] == "PASS", row["reason"]
     assert row["eval_status"] == "DISAGREE" and row["eval_reference_cache_hit"] is True
     agreement = dict(zip(row["eval_tasks"], row["eval_agreement"]))
     assert agreement["assay_next_sentence"] < AGREEMENT_MIN and f"assay_next_sentence: agreement {agreement['assay_next_sentence']:.2f}" in row["eval_reason"]
     assert len([d for d in row["eval_disagreements"] if d.startswith("assay_next_sentence#")]) > (1 - AGREEMENT_MIN) * 100
-    assert row["eval_loglik_max_diff"][1] > 1.0
+    assert row["eval_loglik_max_diff"][0] > 1.0
 
 
 @pytest.mark.slow
 def test_a_one_percent_nudge_shows_drift_but_keeps_every_answer(zoo_dir, honest):
-    row = probe(ProbeRequest(str(zoo_dir / "qwen3-pretrained"), backend="test_nudged_silu", new_tokens=4, eval_tasks=BOTH))
-    assert row["eval_status"] == "AGREE" and row["eval_agreement_min"] >= AGREEMENT_MIN, row["eval_reason"]
-    assert min(row["eval_loglik_max_diff"]) > 1e-3  # the fault is measured, though no answer crosses a near-tie
+    row = probe(ProbeRequest(str(zoo_dir / "qwen3-pretrained"), backend="test_nudged_silu", new_tokens=4, eval_tasks=("assay_next_sentence",)))
+    assert row["eval_status"] == "AGREE" and row["eval_agreement"] == [1.0], row["eval_reason"]
+    assert row["eval_loglik_max_diff"][0] > 1e-3  # the fault is measured, though no answer crosses a near-tie
 
 
 def _comparison(agreement_items: int, device_correct: int, reference_correct: int, items: int = 100) -> TaskComparison:
