@@ -73,6 +73,9 @@ def make_lm(model, tokenizer, forward):
         def _model_call(self, inps, attn_mask=None, labels=None):
             return forward(inps)
 
+        def loglikelihood(self, requests, disable_tqdm=False):  # no progress bar per task: the probe reports its own phases
+            return super().loglikelihood(requests, disable_tqdm=True)
+
     return ProbeLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=forward.batch_size,
                    max_length=forward.max_length, softmax_dtype=torch.float32)
 
