@@ -195,8 +195,13 @@ def write_row(folder: str | Path, row: dict) -> Path:
 
 
 def recorded_keys(folder: str | Path, stack_id: str) -> set[tuple]:
+    return set(recorded_evals(folder, stack_id))
+
+
+def recorded_evals(folder: str | Path, stack_id: str) -> dict[tuple, set[str]]:
+    """The keys recorded for a stack, each with the eval tasks its row scored (empty without --eval)."""
     path = stack_file(Path(folder), stack_id)
-    return {tuple(r[k] for k in ROW_KEY) for r in read_stack_rows(path)}
+    return {tuple(r[k] for k in ROW_KEY): set(r.get("eval_tasks") or ()) for r in read_stack_rows(path)}
 
 
 def clean_partial_writes(folder: str | Path) -> list[Path]:
