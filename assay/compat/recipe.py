@@ -4,6 +4,7 @@ This module is copied verbatim into every result's run.py, so it imports nothing
 transformers and PIL: what the probe ran is exactly what a user re-runs.
 """
 
+import json
 import os
 
 import torch
@@ -39,8 +40,9 @@ def load_model(model_id, task, device, dtype, parallelism="single", num_devices=
 def launch(fn, num_devices, device_type, args=()):
     """Run fn(*args) on `num_devices` torch.distributed processes started here (no torchrun needed).
 
-    Returns what rank 0 returned. Each process gets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* as under
-    torchrun, and a process group (gloo on CPU, the device's own backend elsewhere).
+    Returns what rank 0 returned, which must be JSON (it comes back through a JSON file: nothing read
+    back here is unpickled). Each process gets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* as under torchrun,
+    and a process group (gloo on CPU, the device's own backend elsewhere).
     """
     import socket
     import tempfile
@@ -51,9 +53,10 @@ def launch(fn, num_devices, device_type, args=()):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as scratch:
-        result_file = os.path.join(scratch, "rank0.pt")
+        result_file = os.path.join(scratch, "rank0.json")
         mp.spawn(_rank_entry, args=(fn, num_devices, device_type, port, result_file, args), nprocs=num_devices, join=True)
-        return torch.load(result_file, weights_only=False)
+        with open(result_file, encoding="utf-8") as handle:
+            return json.load(handle)
 
 
 def _rank_entry(rank, fn, world_size, device_type, port, result_file, args):
@@ -67,7 +70,8 @@ def _rank_entry(rank, fn, world_size, device_type, port, result_file, args):
     try:
         result = fn(*args)
         if rank == 0:
-            torch.save(result, result_file)
+            with open(result_file, "w", encoding="utf-8") as handle:
+                json.dump(result, handle)
         # Every rank leaves together: a rank tearing gloo down while a peer is still busy can make the
         # peer's transport thread see a closed connection and abort (SIGABRT) after the work was done.
         dist.barrier()
