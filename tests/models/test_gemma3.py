@@ -136,6 +136,24 @@ def test_the_first_training_step_loss_equals_the_transformers_path(zoo_dir):
     assert native.summary["flops_per_token"] == hf.summary["flops_per_token"]
 
 
+@pytest.mark.distributed
+def test_tensor_parallel_at_two_ranks_matches_one_process(zoo_dir):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+    from conftest import run_torchrun  # tests/train/conftest.py: torchrun in a subprocess, killed on timeout
+
+    from assay.train import TrainRequest, train
+
+    single = train(TrainRequest(model=str(zoo_dir / "gemma3"), steps=2, batch=4, seq_len=32)).losses
+    completed = run_torchrun(2, "train", "--model", str(zoo_dir / "gemma3"), "--steps", "2", "--batch", "4", "--seq-len", "32",
+                             "--json", "--tp", "2")
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    records = json.loads(completed.stdout)["records"]
+    assert_close("train_loss", torch.tensor([r["loss"] for r in records]), torch.tensor(single), torch.float32)
+
+
 # ---------------------------------------------------------------- serving: the window in the KV slot
 
 
@@ -147,6 +165,9 @@ def test_a_sliding_layer_keeps_only_its_window_per_slot():
     per_layer = 2 * args.n_kv_heads * args.head_dim * 4  # k and v, float32, per position
     assert SPEC.state_bytes_per_sequence(args, 64) == per_layer * (8 + 64)
     assert SPEC.state_bytes_per_sequence(args, 4) == per_layer * (4 + 4)
+    # The engine's "its own cache" reference at 2,048 and 8,192 tokens counts the window too.
+    reference = SPEC.adapter_for(model, args).kv_reference()
+    assert reference.bytes_per_sequence(2048, torch.float32) == per_layer * (2048 + 8) and "1 of 2 layers a window of 8" in reference.note
     # The FLOP count's attention term: the sliding layer attends over its window, not the whole context.
     shape = SPEC.flop_shape(args)
     assert shape.window_layers == ((1, 8),) and shape.train_flops_per_token(64) < SPEC.flop_shape(
@@ -187,11 +208,12 @@ PROMPTS = [list(range(40, 60)), [5, 6, 7], list(range(300, 312)), [900, 3, 17, 1
 
 
 def _greedy_full_forward(model, prompt: list[int], n: int) -> list[int]:
-    sequence = list(prompt)
+    """The reference without a cache: the whole sequence through forward() for each new token."""
+    sequence = torch.tensor([prompt])
     with torch.no_grad():
         for _ in range(n):
-            sequence.append(int(model(torch.tensor([sequence]))[0, -1].argmax()))
-    return sequence[len(prompt):]
+            sequence = torch.cat([sequence, model(sequence)[:, -1:].argmax(-1)], dim=1)
+    return sequence[0, len(prompt):].tolist()
 
 
 @pytest.mark.slow
