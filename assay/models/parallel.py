@@ -11,14 +11,30 @@ from typing import Any
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel, parallelize_module
 
 from assay.core.errors import AssayError
 from assay.models.common.tp_plan import TP, check_tp_sizes
 
 TPPlan = Callable[[nn.Module, Any], Mapping[str, TP]]  # (block, args) -> module name -> TP
 
+class ChannelwiseParallel(ParallelStyle):
+    """A depthwise layer after a ColwiseParallel projection: its inputs are this rank's channels (the local
+    output of the projection), so its per-channel parameters are sharded on dim 0 the same way (weight
+    [D, 1, W] -> [D / tp, 1, W]). The layer computes with the parameters' local parts (to_local), so its
+    gradients land in this rank's shard; inputs and outputs stay local tensors."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def partition(name, submodule, mesh):
+            for param_name, param in list(submodule.named_parameters(recurse=False)):
+                submodule.register_parameter(param_name, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)])))
+
+        return distribute_module(module, device_mesh, partition)
+
+
 _STYLES = {
+    TP.CHANNELWISE: ChannelwiseParallel,
     TP.COLWISE: ColwiseParallel,
     TP.ROWWISE: RowwiseParallel,
     # The activations entering a per-head norm are [B, T, local heads, head_dim]: sharded on dim 2.

@@ -120,20 +120,25 @@ class StateAdapter(ModelAdapter):
         return [torch.zeros(n_rows, *shape, dtype=dtype, device=device) for shape in self.model.state_shapes()]
 
     def prefill_batch(self, tokens, slot_ids, buffers, *, lengths=None, start_positions=None, all_logits=False):
-        # One row at a time through the chunked form (the batched GLA prefill is the GLA model's to give):
-        # a row starts from its slot's state when it continues a sequence, and only its real tokens run.
-        rows = []
-        for row, slot in enumerate(slot_ids.tolist()):
-            length = tokens.shape[1] if lengths is None else int(lengths[row])
-            start = 0 if start_positions is None else int(start_positions[row])
-            state = [buffer[slot : slot + 1].float() for buffer in buffers] if start > 0 else None
-            logits, state = self.model.prefill(tokens[row : row + 1, :length], state)
-            for buffer, layer_state in zip(buffers, state):
-                buffer[slot].copy_(layer_state[0])
-            rows.append(logits[0] if all_logits else logits[0, -1])
-        if all_logits:  # pad positions: zeros
-            return torch.stack([torch.nn.functional.pad(row, (0, 0, 0, tokens.shape[1] - row.shape[0])) for row in rows]).float()
-        return torch.stack(rows).float()
+        # tokens: [B, T] right-padded; slot_ids, lengths, start_positions: [B] -> logits [B, vocab] or [B, T, vocab]
+        # One pass over the batch: rows that continue a sequence start from their slot's state and conv window,
+        # fresh rows from zeros; the pad mask keeps pads out of both (GLA.prefill), so each row's slot ends
+        # as its real tokens leave it. The recurrence runs in float32 whatever the pool stores.
+        batch, time = tokens.shape
+        device = tokens.device
+        lengths = torch.full((batch,), time, device=device) if lengths is None else torch.as_tensor(lengths, device=device)
+        mask = None if bool((lengths == time).all()) else torch.arange(time, device=device).view(1, -1) < lengths.view(-1, 1)
+        state = [buffer.index_select(0, slot_ids).float() for buffer in buffers]
+        if start_positions is None:
+            state = None  # every row fresh
+        else:
+            fresh = torch.as_tensor(start_positions, device=device) == 0  # [B]
+            state = [layer.masked_fill(fresh.view(-1, *[1] * (layer.dim() - 1)), 0.0) for layer in state]
+        last = (lengths - 1).clamp(min=0)
+        logits, state = self.model.prefill(tokens, state, mask=mask, logits_at=None if all_logits else last)
+        for buffer, layer_state in zip(buffers, state):
+            buffer.index_copy_(0, slot_ids, layer_state.to(buffer.dtype))
+        return logits.float() if all_logits else logits[:, 0].float()
 
     def decode(self, tokens, slot_ids, positions, buffers):
         # tokens: [W, 1]; slot_ids: [W]; positions unused (a state carries no position) -> logits [W, vocab]

@@ -42,28 +42,28 @@ def register(app: typer.Typer) -> None:
 
     @recall_app.command("train")
     def train(
-        out: Path = typer.Option(..., "--out", help="folder for results.json, recall.png and the trained checkpoints"),
+        out: Path = typer.Option(Path("recall"), "--out", help="folder for results.json, recall.png and the trained checkpoints"),
         arch: str = typer.Option("gla,qwen3", "--arch", help="architectures: gla, qwen3 (attention)"),
-        pairs: str = typer.Option("8,32,128", "--pairs", help="key-value pair counts to score (and train on, mixed)"),
-        seq_len: str = typer.Option("256,1024", "--seq-len", help="sequence lengths: one model per architecture and length"),
-        budget_min: Optional[float] = typer.Option(None, "--budget-min", help="CPU minutes of this process per model (wall minutes are recorded beside)"),
-        until_accuracy: Optional[float] = typer.Option(None, "--until-accuracy", help="stop a model once every pair count reaches this validation accuracy (0-1)"),
+        pairs: Optional[str] = typer.Option(None, "--pairs", help="key-value pair counts to score (and train on, mixed) (recipe: 4,16)"),
+        seq_len: Optional[str] = typer.Option(None, "--seq-len", help="sequence lengths: one model per architecture and length (recipe: 64)"),
+        budget_min: Optional[float] = typer.Option(None, "--budget-min", help="CPU minutes of this process per model (wall minutes are recorded beside) (recipe: 10)"),
+        until_accuracy: Optional[float] = typer.Option(None, "--until-accuracy", help="stop a model once every pair count reaches this validation accuracy (0-1; 0: train the whole budget) (recipe: 0.95)"),
         eval_every: int = typer.Option(100, "--eval-every", help="steps between validation scores"),
         curriculum: bool = typer.Option(False, "--curriculum", help="start on the fewest pairs, add the next count when the active ones reach --until-accuracy"),
-        short_first: Optional[int] = typer.Option(None, "--short-first", help="train first on sequences of this many tokens (as many tokens per step), move to the full length when they reach --until-accuracy"),
+        short_first: Optional[int] = typer.Option(None, "--short-first", help="train first on sequences of this many tokens (as many tokens per step), move to the full length when they reach --until-accuracy (0: off) (recipe: 16)"),
         patience: Optional[int] = typer.Option(None, "--patience", help="stop a model after this many validations without its lowest accuracy rising half a point (a plateau: converged, short of the target)"),
-        short_conv: bool = typer.Option(False, "--short-conv", help="GLA with fla's short convolutions on q, k, v (use_short_conv, 4 taps)"),
+        short_conv: Optional[bool] = typer.Option(None, "--short-conv/--no-short-conv", help="GLA with fla's short convolutions on q, k, v (use_short_conv, 4 taps) (recipe: on)"),
         steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps per model (the schedule's length)"),
-        batch: int = typer.Option(32, "--batch", help="sequences per step"),
+        batch: Optional[int] = typer.Option(None, "--batch", help="sequences per step (recipe: 64)"),
         tokens_per_step: Optional[int] = typer.Option(None, "--tokens-per-step", help="instead of --batch: batch = this // seq_len per length"),
         lr: float = typer.Option(3e-3, "--lr", help="peak learning rate (AdamW, warmup + cosine)"),
-        dim: int = typer.Option(64, "--dim", help="model width (both architectures)"),
-        layers: int = typer.Option(2, "--layers"),
-        heads: int = typer.Option(4, "--heads"),
-        hidden: int = typer.Option(128, "--hidden", help="SwiGLU width"),
-        init_std: Optional[float] = typer.Option(None, "--init-std", help="std of the random initial matrices, both architectures (default: ModelSize's)"),
-        keys: int = typer.Option(256, "--keys", help="key (and value) tokens in the MQAR vocabulary; chance is 1/keys"),
-        filler: Optional[int] = typer.Option(None, "--filler", help="filler token ids (default: the rest of the zoo's 1,024); the vocabulary is 64 + 2 x keys + filler"),
+        dim: Optional[int] = typer.Option(None, "--dim", help="model width (both architectures) (recipe: 64)"),
+        layers: Optional[int] = typer.Option(None, "--layers", help="layers (recipe: 2)"),
+        heads: Optional[int] = typer.Option(None, "--heads", help="heads (recipe: 1)"),
+        hidden: Optional[int] = typer.Option(None, "--hidden", help="SwiGLU width (recipe: 128)"),
+        init_std: Optional[float] = typer.Option(None, "--init-std", help="std of the random initial matrices, both architectures (recipe: 0.05)"),
+        keys: Optional[int] = typer.Option(None, "--keys", help="key (and value) tokens in the MQAR vocabulary; chance is 1/keys (recipe: 64)"),
+        filler: Optional[int] = typer.Option(None, "--filler", help="filler token ids; the vocabulary is 64 + 2 x keys + filler (recipe: 64)"),
         eval_examples: int = typer.Option(64, "--eval-examples", help="scored sequences per pair count"),
         seed: int = typer.Option(0, "--seed"),
         device: str = device_option(),
@@ -71,9 +71,14 @@ def register(app: typer.Typer) -> None:
         plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="PNG to draw (default OUT/recall.png)"),
         json_out: bool = json_option(),
     ):
-        """Train matched-size GLA and attention models on MQAR for a fixed budget; accuracy per (pairs, seq_len)."""
+        """Train matched-size GLA and attention models on MQAR for a fixed budget; accuracy per (pairs, seq_len).
+
+        With no flags: the recipe that converges here (4 and 16 pairs at 64 tokens, 16-token sequences
+        first, one head, init std 0.05, GLA with short convolutions, 10 CPU minutes a model, stop at 95%)."""
+        from dataclasses import replace
+
         from assay.core.output import print_json, print_table
-        from assay.recall.models import ModelSize
+        from assay.recall import recipe
         from assay.recall.mqar import layout_for
         from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, plot_accuracy, table_rows
         from assay.recall.train import RecallTrainRequest, train_recall
@@ -81,12 +86,16 @@ def register(app: typer.Typer) -> None:
         check_output_folder("--out", out)
         check_output_file("--plot", plot)
 
+        size = replace(recipe.SIZE, **_given(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden, init_std=init_std,
+                                             gla_short_conv=short_conv))
+        # 0 turns the target and the short stage off (the request's None); unset keeps the recipe's.
+        off = {name: None for name, value in (("until_accuracy", until_accuracy), ("short_first", short_first)) if value == 0}
         request = RecallTrainRequest(
-            out=out, archs=_names(arch), pairs=_ints("--pairs", pairs), seq_lens=_ints("--seq-len", seq_len), steps=steps,
-            budget_min=budget_min, until_accuracy=until_accuracy, eval_every=eval_every, curriculum=curriculum, short_first=short_first, batch=batch, tokens_per_step=tokens_per_step, lr=lr, patience=patience,
-            size=ModelSize(dim=dim, n_layers=layers, n_heads=heads, hidden_dim=hidden, gla_short_conv=short_conv, **_given(init_std=init_std)),
-            layout=layout_for(keys, filler), eval_examples=eval_examples, seed=seed, device=device, threads=threads,
-            progress=not json_out,
+            out=out, archs=_names(arch), steps=steps, eval_every=eval_every, curriculum=curriculum, tokens_per_step=tokens_per_step,
+            lr=lr, patience=patience, size=size, layout=layout_for(recipe.KEYS if keys is None else keys, recipe.FILLER if filler is None else filler),
+            eval_examples=eval_examples, seed=seed, device=device, threads=threads, progress=not json_out,
+            **_given(pairs=None if pairs is None else _ints("--pairs", pairs), seq_lens=None if seq_len is None else _ints("--seq-len", seq_len), budget_min=budget_min,
+                     until_accuracy=until_accuracy, short_first=short_first, batch=batch) | off,
         )
         result = train_recall(request)
         png = plot_accuracy(result.rows, plot or out / "recall.png", chance=request.layout.chance) if any(r["status"] == "ok" for r in result.rows) else None
@@ -106,18 +115,18 @@ def register(app: typer.Typer) -> None:
         pairs: str = typer.Option("4,16", "--pairs", help="key-value pair counts (trained mixed, scored each)"),
         seq_len: int = typer.Option(64, "--seq-len"),
         budget_min: Optional[float] = typer.Option(3.0, "--budget-min", help="CPU minutes per model"),
-        until_accuracy: Optional[float] = typer.Option(0.9, "--until-accuracy", help="stop a model once every pair count reaches this validation accuracy"),
+        until_accuracy: Optional[float] = typer.Option(None, "--until-accuracy", help="stop a model once every pair count reaches this validation accuracy (0: train the whole budget) (recipe: 0.95)"),
         steps: Optional[int] = typer.Option(None, "--steps", help="optimizer steps per model (the schedule's length)"),
         curriculum: bool = typer.Option(False, "--curriculum", help="start on the fewest pairs, add counts as they reach the target"),
-        short_first: Optional[int] = typer.Option(None, "--short-first", help="train first on sequences of this many tokens, then the full length (as recall train)"),
-        attention_heads: int = typer.Option(4, "--attention-heads", help="attention's heads at every width"),
+        short_first: Optional[int] = typer.Option(None, "--short-first", help="train first on sequences of this many tokens, then the full length, as recall train (0: off) (recipe: 16)"),
+        attention_heads: Optional[int] = typer.Option(None, "--attention-heads", help="attention's heads at every width (recipe: 1)"),
         patience: Optional[int] = typer.Option(None, "--patience", help="stop a model after this many validations without its lowest accuracy rising half a point (as recall train)"),
-        short_conv: bool = typer.Option(False, "--short-conv", help="every GLA with fla's short convolutions on q, k, v"),
-        batch: int = typer.Option(64, "--batch"),
+        short_conv: Optional[bool] = typer.Option(None, "--short-conv/--no-short-conv", help="every GLA with fla's short convolutions on q, k, v (recipe: on)"),
+        batch: Optional[int] = typer.Option(None, "--batch", help="sequences per step (recipe: 64)"),
         lr: float = typer.Option(3e-3, "--lr"),
         init_std: Optional[float] = typer.Option(None, "--init-std", help="std of the random initial matrices, both architectures (default: ModelSize's)"),
-        keys: int = typer.Option(64, "--keys", help="key (and value) tokens; chance is 1/keys"),
-        filler: Optional[int] = typer.Option(None, "--filler", help="filler token ids (default: the rest of the zoo's 1,024); the vocabulary is 64 + 2 x keys + filler"),
+        keys: Optional[int] = typer.Option(None, "--keys", help="key (and value) tokens; chance is 1/keys (recipe: 64)"),
+        filler: Optional[int] = typer.Option(None, "--filler", help="filler token ids; the vocabulary is 64 + 2 x keys + filler (recipe: 64)"),
         eval_examples: int = typer.Option(64, "--eval-examples"),
         seed: int = typer.Option(0, "--seed"),
         plot: Optional[Path] = typer.Option(None, "-o", "--plot", help="PNG to draw (default OUT/sweep.png)"),
@@ -129,12 +138,16 @@ def register(app: typer.Typer) -> None:
         from assay.recall.report import SWEEP_COLUMNS, TABLE_HEADERS, table_rows
         from assay.recall.sweep import RecallSweepRequest, plot_sweep, run_sweep
 
+        from assay.recall import recipe
+
         request = RecallSweepRequest(
             out=out, widths=_ints("--widths", widths), gla_states=comma_list("--gla-states", gla_states, _state_setting),
-            archs=_names(arch), pairs=_ints("--pairs", pairs), seq_len=seq_len, budget_min=budget_min, until_accuracy=until_accuracy,
-            steps=steps, curriculum=curriculum, short_first=short_first, attention_heads=attention_heads, batch=batch, lr=lr, layout=layout_for(keys, filler),
-            patience=patience, gla_short_conv=short_conv,
-            eval_examples=eval_examples, seed=seed, progress=not json_out, **_given(init_std=init_std),
+            archs=_names(arch), pairs=_ints("--pairs", pairs), seq_len=seq_len, budget_min=budget_min,
+            steps=steps, curriculum=curriculum, lr=lr, layout=layout_for(recipe.KEYS if keys is None else keys, recipe.FILLER if filler is None else filler),
+            patience=patience, eval_examples=eval_examples, seed=seed, progress=not json_out,
+            **_given(init_std=init_std, attention_heads=attention_heads, batch=batch, gla_short_conv=short_conv, short_first=short_first,
+                     until_accuracy=until_accuracy)
+            | {name: None for name, value in (("until_accuracy", until_accuracy), ("short_first", short_first)) if value == 0},
         )
         result = run_sweep(request)
         png = plot_sweep(result.rows, plot or out / "sweep.png", chance=request.layout.chance)

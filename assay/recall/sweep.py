@@ -19,6 +19,7 @@ from pathlib import Path
 
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json
+from assay.recall import recipe
 from assay.recall.models import ModelSize, has_short_conv, key_width, matched_params
 from assay.recall.mqar import MQARSpec, check_fits
 
@@ -32,25 +33,25 @@ class RecallSweepRequest:
     widths: tuple[int, ...] = (32, 64, 128)
     # GLA state settings at each width: (heads, expand_k); state grows with expand_k / heads.
     gla_states: tuple[tuple[int, float], ...] = ((4, 0.5), (1, 1.0))
-    attention_heads: int = 4
+    attention_heads: int = 1  # the recipe's (assay.recall.recipe): one 64-wide head tells 64 keys apart
     archs: tuple[str, ...] = ("gla", "qwen3")
     pairs: tuple[int, ...] = (4, 16)
     seq_len: int = 64
     n_layers: int = 2
     hidden_ratio: int = 2  # SwiGLU width = ratio x dim
-    init_std: float = ModelSize.init_std
+    init_std: float = recipe.SIZE.init_std
     budget_min: float | None = 3.0
-    until_accuracy: float | None = 0.9
+    until_accuracy: float | None = recipe.UNTIL_ACCURACY
     steps: int | None = None
     eval_every: int = 100
     curriculum: bool = False
-    short_first: int | None = None  # the length curriculum (RecallTrainRequest.short_first)
+    short_first: int | None = recipe.SHORT_FIRST  # the length curriculum (RecallTrainRequest.short_first)
     patience: int | None = None  # early stop on a plateau (RecallTrainRequest.patience)
-    gla_short_conv: bool = False  # fla's short convolutions in every GLA (ModelSize.gla_short_conv)
-    batch: int = 64
+    gla_short_conv: bool = recipe.SIZE.gla_short_conv  # fla's short convolutions in every GLA (ModelSize.gla_short_conv)
+    batch: int = recipe.BATCH
     lr: float = 3e-3
     warmup_steps: int = 50
-    layout: MQARSpec = field(default_factory=lambda: MQARSpec(n_keys=64, n_values=64))
+    layout: MQARSpec = field(default_factory=recipe.layout)
     eval_examples: int = 64
     seed: int = 0
     threads: int | None = 1

@@ -36,6 +36,7 @@ import torch
 
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json
+from assay.recall import recipe
 from assay.recall.models import ARCHS, ModelSize, build_model, matched_params, model_args, state_bytes, state_kind, write_checkpoint
 from assay.recall.mqar import MQARBatches, MQARSpec, ShortFirst, check_fits, evaluate, model_predictor, short_pair_counts
 
@@ -47,30 +48,32 @@ VALIDATION_SEED = 20_011  # added to the run's seed: validation sequences (the f
 
 @dataclass(frozen=True)
 class RecallTrainRequest:
+    """Defaults: the recipe that converges (assay.recall.recipe; docs/recall.md says why each)."""
+
     out: Path
     archs: tuple[str, ...] = ARCHS
-    pairs: tuple[int, ...] = (8, 32, 128)
-    seq_lens: tuple[int, ...] = (256, 1024)
+    pairs: tuple[int, ...] = recipe.PAIRS
+    seq_lens: tuple[int, ...] = (recipe.SEQ_LEN,)
     steps: int | None = None
-    budget_min: float | None = None  # CPU minutes of this process per model (time.process_time)
+    budget_min: float | None = recipe.BUDGET_MIN  # CPU minutes of this process per model (time.process_time)
     # Stop a model once every trained pair count reaches this validation accuracy (None: train the budget).
-    until_accuracy: float | None = None
+    until_accuracy: float | None = recipe.UNTIL_ACCURACY
     eval_every: int = 100  # steps between validation scores (with until_accuracy or curriculum)
     val_examples: int = 32  # validation sequences per pair count
     curriculum: bool = False
     # A length curriculum: train on sequences of this many tokens (as many tokens per step, the pair
     # counts that fit) until their validation reaches until_accuracy, then at the full length. None: off.
-    short_first: int | None = None
+    short_first: int | None = recipe.SHORT_FIRST
     # Early stop on a plateau: this many validations in a row (at the full length) without the lowest
     # pair count's accuracy rising by PLATEAU_MIN_GAIN over the best so far. None: train to the budget.
     patience: int | None = None
-    batch: int = 32
+    batch: int = recipe.BATCH
     # Set: each length gets batch = tokens_per_step // seq_len, so every model sees the same tokens per step.
     tokens_per_step: int | None = None
     lr: float = 3e-3
     warmup_steps: int = 20
-    size: ModelSize = field(default_factory=ModelSize)
-    layout: MQARSpec = field(default_factory=MQARSpec)
+    size: ModelSize = recipe.SIZE
+    layout: MQARSpec = field(default_factory=recipe.layout)
     eval_examples: int = 64
     seed: int = 0
     device: str = "cpu"

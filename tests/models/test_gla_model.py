@@ -232,8 +232,9 @@ def test_kernel_seam_has_a_stable_module_name():
 # ---------------------------------------------------------------- tensor parallel and FSDP2 (2 processes, gloo)
 
 
-def _sharded_logits_and_grads(layout: str) -> list[str]:
-    """On each rank: the tiny GLA under TP=2 or FSDP2=2; its logits and every gradient vs one process."""
+def _sharded_logits_and_grads(layout: str, short_conv: bool = False) -> list[str]:
+    """On each rank: the tiny GLA under TP=2 or FSDP2=2 (with short convolutions: their filters split with
+    the q, k, v columns under TP); its logits and every gradient vs one process."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
@@ -241,12 +242,13 @@ def _sharded_logits_and_grads(layout: str) -> list[str]:
     from assay.models.gla.parallelize import parallelize_gla
 
     tokens = random_tokens(batch=4, seq_len=40)
-    reference = build_gla(FLAVOURS["tiny"], seed=0, std=0.2)
+    args = replace(FLAVOURS["tiny"], use_short_conv=short_conv, conv_bias=short_conv)
+    reference = build_gla(args, seed=0, std=0.2)
     reference_logits = reference(tokens)
     reference_logits.pow(2).mean().backward()
     reference_grads = {name: p.grad for name, p in reference.named_parameters()}
 
-    model = build_gla(FLAVOURS["tiny"], seed=0, std=0.2)  # same seed: identical weights on every rank
+    model = build_gla(args, seed=0, std=0.2)  # same seed: identical weights on every rank
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=(layout,))
     parallelize_gla(model, mesh, tp=layout == "tp", dp_shard=layout == "dp_shard")
     # Data-parallel ranks take their half of the batch; FSDP averages their gradients.
@@ -268,9 +270,9 @@ def _sharded_logits_and_grads(layout: str) -> list[str]:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("layout", ["tp", "dp_shard"])
-def test_tensor_parallel_and_fsdp2_match_single_process(layout):
-    failures = run_on_ranks(_sharded_logits_and_grads, world_size=2, args=(layout,), timeout_s=300)
+@pytest.mark.parametrize("layout, short_conv", [("tp", False), ("dp_shard", False), ("tp", True)])
+def test_tensor_parallel_and_fsdp2_match_single_process(layout, short_conv):
+    failures = run_on_ranks(_sharded_logits_and_grads, world_size=2, args=(layout, short_conv), timeout_s=300)
     assert failures == [[], []]
 
 

@@ -107,13 +107,17 @@ def test_export_writes_flas_conv_keys_and_loads_back(tmp_path):
         load_native_gla(without, spec_overrides="short_conv=true")
 
 
-def test_conv_size_below_two_and_tensor_parallel_are_clear_errors():
+def test_conv_size_below_two_is_a_clear_error_and_tensor_parallel_splits_the_filters():
     with pytest.raises(AssayError, match="conv_size"):
         replace(ARGS, conv_size=1)
-    from assay.models.gla.parallelize import check_tp_divisible
+    from assay.models.common.tp_plan import TP
+    from assay.models.gla.parallelize import check_tp_divisible, tp_plan
 
-    with pytest.raises(AssayError, match="short convolutions"):
-        check_tp_divisible(ARGS, 2)
+    check_tp_divisible(ARGS, 2)  # no longer refused (tests/models/test_gla_model.py runs it on 2 ranks)
+    plan = tp_plan(None, ARGS)
+    assert all(plan[f"attention.{name}_conv"] is TP.CHANNELWISE for name in "qkv") and plan["attention.wq"] is TP.COLWISE
+    with pytest.raises(AssayError, match="n_heads=4"):
+        check_tp_divisible(ARGS, 3)
 
 
 def test_transformers_generate_and_the_engine_carry_the_conv_state(tmp_path):

@@ -15,8 +15,11 @@ import torch.nn.functional as F
 from assay.core.compiling import compile_fn
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-import assay.kernels.gla as gla_kernels
-from assay.kernels.gla import SEGMENT_TOKENS, _chunk_parts
+import assay.kernels.gla.factorised as factorised
+from assay.kernels.gla import LIMITS, SEGMENT_TOKENS, SubChunkPlan, plan
+from assay.kernels.gla.chunk import _GLAChunkFunction
+from assay.kernels.gla.scan import cumulative_gates
+from assay.kernels.gla.sub_chunk import SubChunkParts
 from assay.ops import gla_chunk, gla_recurrent, gla_step
 
 HEADS, KEY_DIM, VALUE_DIM = 2, 16, 8
@@ -201,8 +204,8 @@ def test_mismatched_shapes_are_assay_errors():
 
 
 def mixed_gates(time: int, batch: int = 2):
-    """Inputs whose chunks need both forms: per-step log gates down to -20 in the first half of the
-    sequence (a state wiped within a chunk), logsigmoid(x) / 16 (the model's slow forget) after."""
+    """Inputs whose chunks differ: per-step log gates down to -20 in the first half of the sequence (a
+    state wiped within a chunk), logsigmoid(x) / 16 (the model's slow forget) after."""
     q, k, v, _, h0 = make_inputs(time, 1.0, batch=batch)
     generator = torch.Generator().manual_seed(3)
     strong = -20.0 * torch.rand(batch, time, HEADS, KEY_DIM, generator=generator, dtype=torch.float64)
@@ -211,54 +214,104 @@ def mixed_gates(time: int, batch: int = 2):
     return q, k, v, g, h0
 
 
-def explicit_chunks(g, chunk_size):
-    """Which (batch, head, chunk) the kernel writes explicitly, for g [B, T, H, K] with T a multiple of C."""
+def gate(strength: str, shape, seed: int = 4) -> torch.Tensor:
+    """The bench's gate strengths (bench/gla_bench.py): logsigmoid(x) times 1/16 ... 4, and gates that
+    wipe the state in one step (per-step log gates uniform in [-1000, 0])."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=generator, dtype=torch.float64)
+    if strength == "wipe":
+        return (-1000.0 * torch.rand(*shape, generator=generator, dtype=torch.float64)).float()
+    return (F.logsigmoid(x) * {"/16": 1 / 16, "/4": 1 / 4, "1x": 1.0, "4x": 4.0}[strength]).float()
+
+
+def form_of(g, chunk_size):
+    """The form gla_chunk's forward picks for gates g [B, T, H, K] (T a multiple of C): None (factorised) or a SubChunkPlan."""
     zeros = torch.zeros_like(g)
-    return _chunk_parts(zeros, zeros, g, chunk_size).explicit
+    return _GLAChunkFunction.forward(zeros, zeros, zeros, g, torch.zeros(*g.shape[:1], g.shape[2], g.shape[3], g.shape[3]), 1.0, chunk_size)[3]
 
 
-def test_the_form_is_chosen_per_chunk_from_the_gates_range():
-    _, _, _, g, _ = mixed_gates(256)
-    explicit = explicit_chunks(g, 64)
-    assert explicit.shape == (2, HEADS, 4)
-    # 64 steps of gates down to -20 sum to far below -60; 64 steps of logsigmoid / 16 to about -3.
-    assert explicit[:, :, :2].all() and not explicit[:, :, 2:].any()
-    # The model's usual gate keeps every chunk, even of 128 steps, on the factorised form.
-    slow = F.logsigmoid(torch.randn(1, 512, HEADS, KEY_DIM, generator=torch.Generator().manual_seed(0))) / 16
-    assert not explicit_chunks(slow, 128).any()
+def test_the_form_is_chosen_from_the_gates():
+    shape = (1, 256, HEADS, KEY_DIM)
+    # The model's gate keeps every chunk of 128 tokens on the factorised form, and so does / 4 at 64.
+    assert form_of(gate("/16", shape), 128) is None and form_of(gate("/4", shape), 64) is None
+    # Stronger gates: the sub-chunk form with smaller blocks the stronger they are; wiping gates: the floor.
+    one, four, wipe = (form_of(gate(strength, shape), 64) for strength in ("1x", "4x", "wipe"))
+    assert isinstance(one, SubChunkPlan) and one.floor is None and one.half == 32
+    assert four.floor is None and 2 <= four.half < one.half
+    assert wipe == SubChunkPlan(64, 2, LIMITS[torch.float32].half_range / 2)
+    # Each plan's blocks really decay by at most e^half_range.
+    _, local = cumulative_gates(gate("4x", shape), 64, keep_local=True)
+    blocks = gate("4x", shape).view(1, -1, four.half, HEADS, KEY_DIM).sum(2)
+    assert blocks.min() >= -LIMITS[torch.float32].half_range and plan(local, 64) == four
 
 
-@pytest.mark.parametrize("form", ["chosen", "all explicit", "all factorised"])
-@pytest.mark.parametrize("chunk_size", [16, 64, 128])
-def test_both_forms_match_recurrent_with_gradients(form, chunk_size):
-    # "chosen": one call with explicit and factorised chunks; the two forced forms test each path on
-    # its own over every chunk (factorised only where it is safe: the model's gates, no -20 steps).
+@pytest.mark.parametrize("strength", ["/16", "/4", "1x", "4x", "wipe", "mixed"])
+@pytest.mark.parametrize("chunk_size", [16, 48, 64, 128])
+def test_every_gate_strength_matches_recurrent_with_gradients(strength, chunk_size):
+    # Every gate strength the bench measures, each chunk size (48: the sub-chunk form at 16-token chunks),
+    # lengths that are not a multiple of the chunk: outputs, final states and every gradient.
     time = 2 * chunk_size + 37
-    if form == "chosen":
-        inputs = mixed_gates(time)
-    else:
-        inputs = make_inputs(time, 0.1)
-        inputs[3] = inputs[3] / 4  # per-step log gates near -0.2: a 128-step chunk sums to about -25
-    limit = {"chosen": gla_kernels.FACTORISED_LOG_RANGE, "all explicit": -1.0, "all factorised": 1e9}[form]
+    inputs = mixed_gates(time) if strength == "mixed" else make_inputs(time, 1.0)
+    if strength != "mixed":
+        inputs[3] = gate(strength, inputs[3].shape)
     generator = torch.Generator().manual_seed(1)
     grad_o = torch.randn(2, time, HEADS, VALUE_DIM, generator=generator, dtype=torch.float64)
     grad_state = torch.randn(2, HEADS, KEY_DIM, VALUE_DIM, generator=generator, dtype=torch.float64)
-    original = gla_kernels.FACTORISED_LOG_RANGE
-    gla_kernels.FACTORISED_LOG_RANGE = limit
-    try:
-        explicit = explicit_chunks(F.pad(inputs[3], (0, 0, 0, 0, 0, (-time) % chunk_size)), chunk_size)
-        o, state = gla_chunk(*inputs[:4], initial_state=inputs[4], output_final_state=True, chunk_size=chunk_size)
-        grads = _gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=chunk_size)
-    finally:
-        gla_kernels.FACTORISED_LOG_RANGE = original
-    assert {"chosen": explicit.any() and not explicit.all(), "all explicit": explicit.all(), "all factorised": not explicit.any()}[form]
+    o, state = gla_chunk(*inputs[:4], initial_state=inputs[4], output_final_state=True, chunk_size=chunk_size)
     o_ref, state_ref = gla_recurrent(*as_float64(inputs[:4]), initial_state=inputs[4].double(), output_final_state=True)
     assert_close("recurrence", o, o_ref, torch.float32)
     assert_close("recurrence", state, state_ref, torch.float32)
+    grads = _gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=chunk_size)
     grads_ref = _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)
     for name, grad, grad_ref in zip(["q", "k", "v", "g", "initial_state"], grads, grads_ref):
         assert torch.isfinite(grad).all(), name
         assert_close("recurrence", grad, grad_ref, torch.float32)
+
+
+@pytest.mark.parametrize("strength", ["4x", "wipe"])
+def test_strong_gates_in_bfloat16_match_recurrent(strength):
+    q, k, v, _, h0 = make_inputs(130, 1.0, dtype=torch.bfloat16)
+    g = gate(strength, q.shape).to(torch.bfloat16)
+    o, state = gla_chunk(q, k, v, g, initial_state=h0, output_final_state=True, chunk_size=64)
+    o_ref, state_ref = gla_recurrent(*as_float64([q, k, v, g]), initial_state=h0.double(), output_final_state=True)
+    assert o.dtype == torch.bfloat16 and state.dtype == torch.float32
+    assert_close("recurrence", o, o_ref, torch.bfloat16)
+    assert_close("recurrence", state, state_ref, torch.bfloat16)
+
+
+def test_the_sub_chunk_form_matches_recurrent_on_the_models_gates(monkeypatch):
+    # Forced on every chunk (no chunk counts as in range), the sub-chunk form on the gates the factorised
+    # form would take: the two forms agree wherever both apply.
+    monkeypatch.setattr(factorised, "FACTORISED_LOG_RANGE", 0.0)
+    inputs = make_inputs(2 * 64 + 37, 1.0)
+    inputs[3] = gate("/16", inputs[3].shape)
+    assert isinstance(form_of(F.pad(inputs[3], (0, 0, 0, 0, 0, 27)), 64), SubChunkPlan)
+    generator = torch.Generator().manual_seed(1)
+    grad_o = torch.randn(2, inputs[0].shape[1], HEADS, VALUE_DIM, generator=generator, dtype=torch.float64)
+    grad_state = torch.randn(2, HEADS, KEY_DIM, VALUE_DIM, generator=generator, dtype=torch.float64)
+    o, state = gla_chunk(*inputs[:4], initial_state=inputs[4], output_final_state=True, chunk_size=64)
+    o_ref, state_ref = gla_recurrent(*as_float64(inputs[:4]), initial_state=inputs[4].double(), output_final_state=True)
+    assert_close("recurrence", o, o_ref, torch.float32)
+    assert_close("recurrence", state, state_ref, torch.float32)
+    for grad, grad_ref in zip(_gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=64), _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)):
+        assert_close("recurrence", grad, grad_ref, torch.float32)
+
+
+@pytest.mark.parametrize("strength", ["1x", "4x", "wipe"])
+def test_the_sub_chunk_form_forms_no_denormals(strength):
+    # On this project's CPU a matmul with denormal products runs 50x slower (docs/gla.md): every tensor the
+    # form builds for a matmul holds normal numbers or zeros, for gates that decay into float32's bottom.
+    q, k, _, _, _ = make_inputs(256, 1.0, batch=1)
+    g = gate(strength, q.shape)
+    _, local = cumulative_gates(g, 64, keep_local=True)
+    form = plan(local, 64)
+    parts = SubChunkParts(q, k, g, None if form.floor is not None else cumulative_gates(g, 64, keep_local=True)[1], form, KEY_DIM**-0.5)
+    tensors = [parts.queries, parts.keys, parts.queries_entry, parts.keys_exit, parts.chunk_decay, parts.scores]
+    tensors += [x for level in parts.levels for x in level[1:3]]
+    smallest_normal = torch.finfo(torch.float32).tiny
+    for tensor in tensors:
+        magnitude = tensor.abs()
+        assert not ((magnitude > 0) & (magnitude < smallest_normal)).any()
 
 
 def test_backward_keeps_no_per_chunk_intermediates():
@@ -289,8 +342,9 @@ def _compiled_matches_eager(backend, inputs, chunk_size):
         assert_close("compiled_vs_eager", leaf_compiled.grad, leaf_eager.grad, torch.float32)
 
 
+@pytest.mark.slow  # 25 s: both branches of the torch.cond are traced
 def test_compiled_mixed_forms_match_eager_aot_eager():
-    # The per-chunk form choice is a torch.cond inside the graph: no graph break, both forms compiled.
+    # The form choice is a torch.cond inside the graph: no graph break, both forms compiled.
     _compiled_matches_eager("aot_eager", mixed_gates(100), 32)
 
 
@@ -299,5 +353,6 @@ def test_compiled_mixed_forms_match_eager_inductor():
     _compiled_matches_eager("inductor", mixed_gates(100), 32)
 
 
+@pytest.mark.slow  # 20 s
 def test_compiled_chunk_matches_eager():
     _compiled_matches_eager("aot_eager", make_inputs(37, 1.0), 16)

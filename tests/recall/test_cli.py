@@ -54,15 +54,15 @@ def test_needle_command_prints_json_grid_and_heat_map(recall_run, tmp_path, assa
 @pytest.mark.parametrize("args, message", [
     (["recall", "train", "--out", "X", "--pairs", "8,x", "--steps", "1"], "--pairs '8,x': 'x' is not an integer"),
     (["recall", "train", "--out", "X", "--arch", "rwkv", "--steps", "1"], "unknown --arch 'rwkv'"),
-    (["recall", "train", "--out", "X"], "give a training budget"),
     (["recall", "train", "--out", "X", "--budget-min", "-1"], "--budget-min must be a positive"),
     (["recall", "needle", "--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
     (["recall", "needle", "--model", "X", "--depths", "0,1.5"], "--depths 1.5"),
     (["recall", "report", "/nonexistent/dir"], "no results.json"),
     (["recall", "train", "--out", "X", "--steps", "1", "--until-accuracy", "1.5"], "--until-accuracy must be in (0, 1]"),
-    (["recall", "train", "--out", "X", "--steps", "1", "--curriculum"], "--curriculum adds pair counts"),
+    (["recall", "train", "--out", "X", "--steps", "1", "--curriculum", "--until-accuracy", "0"], "--curriculum adds pair counts"),
     (["recall", "train", "--out", "X", "--steps", "1", "--init-std", "0"], "--init-std must be a positive number"),
-    (["recall", "train", "--out", "X", "--steps", "1", "--short-first", "16"], "--short-first moves to the full length"),
+    (["recall", "train", "--out", "X", "--steps", "1", "--short-first", "16", "--until-accuracy", "0"], "--short-first moves to the full length"),
+    (["recall", "train", "--out", "X", "--steps", "1", "--keys", "0"], "invalid MQAR token layout"),
     (["recall", "train", "--out", "X", "--steps", "1", "--short-first", "2", "--until-accuracy", "0.9"], "--short-first 2: needs >= 4 tokens"),
     (["recall", "train", "--out", "X", "--steps", "1", "--patience", "0"], "--patience must be >= 1"),
     (["recall", "sweep", "--out", "X", "--widths", "30"], "--widths 30"),
@@ -75,3 +75,28 @@ def test_bad_input_exits_2_with_one_line(tmp_path, assay_cli, args, message):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr
+
+
+def test_train_defaults_are_the_recipe_that_converges():
+    # `assay recall train` with no flags runs assay.recall.recipe (docs/recall.md says why each value): the
+    # request's defaults are the recipe's, and the command leaves every recipe option unset (None), so the
+    # request decides; its help names the same values.
+    import typer
+
+    from assay.recall import recipe
+    from assay.recall.commands import register
+    from assay.recall.train import RecallTrainRequest
+
+    request = RecallTrainRequest(out=None)
+    assert (request.pairs, request.seq_lens, request.batch, request.short_first) == (recipe.PAIRS, (recipe.SEQ_LEN,), recipe.BATCH, recipe.SHORT_FIRST)
+    assert (request.budget_min, request.until_accuracy) == (recipe.BUDGET_MIN, recipe.UNTIL_ACCURACY)
+    assert request.size == recipe.SIZE and request.size.n_heads == 1 and request.size.init_std == 0.05 and request.size.gla_short_conv
+    assert (request.layout.n_keys, request.layout.n_filler) == (recipe.KEYS, recipe.FILLER)
+    app = typer.Typer()
+    register(app)
+    command = typer.main.get_command(app).commands["recall"].commands["train"]
+    options = {param.name: param for param in command.params}
+    recipe_options = ["pairs", "seq_len", "budget_min", "until_accuracy", "short_first", "short_conv", "batch", "heads", "init_std", "keys", "filler"]
+    assert all(options[name].default is None for name in recipe_options)
+    assert "(recipe: 4,16)" in options["pairs"].help and "(recipe: 0.05)" in options["init_std"].help and "(recipe: 1)" in options["heads"].help
+

@@ -50,7 +50,7 @@ def test_attention_learns_mqar_and_the_initial_scale_sets_its_plateau(tmp_path):
     for std in (0.02, 0.05):
         request = RecallTrainRequest(
             out=tmp_path / f"std{std}", archs=("qwen3",), pairs=(4,), seq_lens=(16,), steps=500, batch=64, lr=3e-3, layout=layout,
-            size=ModelSize(init_std=std), eval_examples=64, seed=0,
+            size=ModelSize(init_std=std), eval_examples=64, seed=0, until_accuracy=None, short_first=None,
         )
         (row,) = train_recall(request).rows
         assert row["status"] == "ok" and row["steps"] == 500 and row["total"] == 64 * 4
@@ -157,7 +157,7 @@ def test_attention_converges_at_length_64_after_short_sequences_and_not_without(
     assert all(row["accuracy"] >= 0.9 for row in short.rows)  # the held-out test set, at 64 tokens
     assert [h["stage_seq_len"] for h in info["validation"]][0] == 16
     # The same model, seed and steps at length 64 from the start: on the plateau when the other converged.
-    plain = train_recall(RecallTrainRequest(out=tmp_path / "plain", **common | {"steps": info["steps_done"]}))
+    plain = train_recall(RecallTrainRequest(out=tmp_path / "plain", short_first=None, **common | {"steps": info["steps_done"]}))
     assert all(row["accuracy"] < 0.5 for row in plain.rows)
 
 

@@ -35,7 +35,7 @@ def test_until_accuracy_stops_at_the_first_validation_that_reaches_it(tmp_path):
 
 def test_a_budget_that_runs_out_is_recorded_as_not_converged(tmp_path):
     request = RecallTrainRequest(out=tmp_path, archs=("gla",), pairs=(4,), seq_lens=(32,), steps=5, batch=8, until_accuracy=1.0,
-                                 eval_every=100, layout=EASY, size=TINY, eval_examples=8)
+                                 eval_every=100, layout=EASY, size=TINY, eval_examples=8, short_first=None)
     (row,) = train_recall(request).rows
     # 5 steps cannot recall 4 pairs: the run ends on its steps, validated once at the end, marked not converged.
     assert row["stopped_by"] == "steps" and row["steps"] == 5 and row["converged"] is False
@@ -49,7 +49,7 @@ def test_a_cpu_budget_plans_the_schedule_for_the_steps_it_buys(tmp_path):
     # Only --budget-min: the warm-up + cosine horizon is the budget's steps (timed on a throwaway trainer),
     # so the LR decays over the run instead of staying at the peak of a 100,000-step plan.
     request = RecallTrainRequest(out=tmp_path, archs=("qwen3",), pairs=(1,), seq_lens=(16,), budget_min=0.05, batch=8, lr=1e-2,
-                                 warmup_steps=5, layout=EASY, size=TINY, eval_examples=8)
+                                 warmup_steps=5, layout=EASY, size=TINY, eval_examples=8, until_accuracy=None, short_first=None)
     (model,) = train_recall(request).models
     assert model["calibrated_step_cpu_s"] > 0
     assert 5 < model["steps_planned"] < DEFAULT_MAX_STEPS
@@ -89,7 +89,8 @@ def test_sweep_points_grow_gla_state_at_matched_parameters():
 def test_sweep_command_writes_rows_per_state_and_the_plot(tmp_path, assay_cli):
     out = tmp_path / "sweep"
     result = assay_cli("recall", "sweep", "--out", str(out), "--widths", "16", "--gla-states", "4:0.5,1:1", "--pairs", "2,4",
-                       "--seq-len", "32", "--steps", "3", "--until-accuracy", "1", "--keys", "16", "--eval-examples", "4", "--json")
+                       "--seq-len", "32", "--steps", "3", "--until-accuracy", "1", "--keys", "16", "--eval-examples", "4",
+                       "--attention-heads", "4", "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     rows = data["rows"]
@@ -106,7 +107,8 @@ def test_patience_stops_a_run_whose_accuracy_stopped_rising_and_calls_it_a_plate
     # lr 1e-6: the model cannot move in 60 steps, so validation never rises by half a point. With patience 2
     # the run stops at the third validation (the first sets the best, two more without progress).
     request = RecallTrainRequest(out=tmp_path, archs=("qwen3",), pairs=(4,), seq_lens=(32,), steps=60, batch=8, lr=1e-6,
-                                 until_accuracy=0.99, patience=2, eval_every=5, val_examples=16, layout=EASY, size=TINY, eval_examples=8)
+                                 until_accuracy=0.99, patience=2, eval_every=5, val_examples=16, layout=EASY, size=TINY, eval_examples=8,
+                                 short_first=None)
     result = train_recall(request)
     (model,), (row,) = result.models, result.rows
     assert model["stopped_by"] == "plateau" and model["steps_done"] == 15

@@ -58,17 +58,34 @@ class ShortConvolution(nn.Module):
         if self.bias is not None:
             self.bias.uniform_(-bound, bound, generator=generator)
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False):
-        # x: [B, T, D]; state: [B, W - 1, D] or None (zeros) -> (y [B, T, D], the last W - 1 inputs or None)
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False,
+                ends: torch.Tensor | None = None):
+        # x: [B, T, D]; state: [B, W - 1, D] or None (zeros); ends: [B] int64 or None (T)
+        # -> (y [B, T, D], the last W - 1 inputs before each row's end, or None)
         width = x.shape[-1]
         history = self.kernel_size - 1
         if state is None:
             padded = F.pad(x, (0, 0, history, 0))  # [B, W - 1 + T, D]
         else:
             padded = torch.cat([state.to(x.dtype), x], dim=1)
-        y = F.conv1d(padded.transpose(1, 2), self.weight, self.bias, groups=width)  # [B, D, T]
-        final = padded[:, padded.shape[1] - history:].contiguous() if output_final_state else None
+        weight, bias = _local(self.weight), _local(self.bias)  # under tensor parallelism: this rank's channels
+        y = F.conv1d(padded.transpose(1, 2), weight, bias, groups=width)  # [B, D, T]
+        final = None
+        if output_final_state and ends is None:
+            final = padded[:, padded.shape[1] - history:].contiguous()
+        elif output_final_state:
+            # A right-padded row's window ends at its last real input (inputs ends..T-1 are pads): in padded
+            # coordinates, inputs ends .. ends + W - 2.
+            index = ends.view(-1, 1) + torch.arange(history, device=x.device)  # [B, W - 1]
+            final = padded.gather(1, index.unsqueeze(-1).expand(-1, -1, width))
         return F.silu(y.transpose(1, 2)), final
 
     def extra_repr(self) -> str:
         return f"width={self.weight.shape[0]}, kernel_size={self.kernel_size}, bias={self.bias is not None}"
+
+
+def _local(parameter):
+    """A parameter sharded by tensor parallelism (assay.models.parallel.ChannelwiseParallel) computes with
+    this rank's part; anything else as it is. No torch.distributed import here: the shard says how."""
+    to_local = getattr(parameter, "to_local", None)
+    return parameter if to_local is None else to_local()

@@ -21,6 +21,9 @@ class TP(Enum):
     # A per-head norm over head-sharded activations [B, T, local heads, D]: its weight a replicated DTensor,
     # its gradient summed over all heads (all ranks), not one rank's.
     HEAD_NORM = "head_norm"
+    # A depthwise (per-channel) layer over column-sharded channels, e.g. a short convolution after q/k/v:
+    # its parameters sharded on dim 0 with those channels (Shard(0)); it computes with this rank's part.
+    CHANNELWISE = "channelwise"
 
 
 def attention_plan(qk_norm: bool = False, prefix: str = "attention") -> dict[str, TP]:

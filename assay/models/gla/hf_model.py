@@ -11,8 +11,12 @@ layer_types are all "linear_attention"): each holds the layer's fixed-size [B, H
 never keys or values, so a "static" cache is just those states and its size does not depend on the
 length. A prompt goes through the chunked form (gla_chunk) from the cached state; one new token through
 the recurrent step. With short convolutions the layer's conv state (its last W - 1 projected q, k, v) sits
-in the same cache layer's conv slot, as Transformers lays it out: [B, channels, W - 1]. The attention mask is not read: a GLA state has no padding positions, so batched
-prompts must be unpadded (or right-padded and cut).
+in the same cache layer's conv slot, as Transformers lays it out: [B, channels, W - 1].
+
+Padding: `attention_mask` is honoured. A pad position (mask 0) leaves the recurrent state and the
+convolution window as the row's real tokens left them (GLA.prefill's mask), so a left-padded batch under
+generate() gives each row what the row alone gives, and a right-padded row's cache holds the state
+after its last real token.
 """
 
 from __future__ import annotations
@@ -116,14 +120,19 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         native = self.model
         h = native.tok_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         short_conv = native.args.use_short_conv
+        # The mask covers every token so far; these are its last T. All real: no masking work at all.
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask[:, -h.shape[1]:].to(torch.bool)
+            mask = None if bool(mask.all()) else mask
         for layer_id, block in enumerate(native.layers):
             state = cache.get_recurrent_state(layer_id) if use_cache else None
             conv_state = cache.get_conv_state(layer_id) if use_cache and short_conv else None
             conv_state = conv_state.transpose(1, 2) if conv_state is not None else None  # -> [B, W - 1, channels]
-            if state is not None and h.shape[1] == 1:
+            if state is not None and h.shape[1] == 1 and mask is None:
                 h, new_state, new_conv_state = block.step(h, state, conv_state)
             else:
-                h, new_state, new_conv_state = block(h, state, output_final_state=use_cache, conv_state=conv_state)
+                h, new_state, new_conv_state = block(h, state, output_final_state=use_cache, conv_state=conv_state, mask=mask)
             if use_cache:
                 cache.update_recurrent_state(new_state, layer_id)
                 if short_conv:

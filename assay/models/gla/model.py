@@ -64,27 +64,43 @@ class GatedLinearAttention(nn.Module):
         else:
             self.q_conv = self.k_conv = self.v_conv = None
 
-    def _convolve(self, q, k, v, conv_state, output_conv_state: bool):
-        # q, k: [B, T, K_all]; v: [B, T, V_all]; conv_state: [B, W - 1, 2 K_all + V_all] or None
+    def _convolve(self, q, k, v, conv_state, output_conv_state: bool, ends=None):
+        # q, k: [B, T, K_all]; v: [B, T, V_all]; conv_state: [B, W - 1, 2 K_all + V_all] or None; ends: [B] or None
         # -> the convolved q, k, v and the state after them (None unless asked for)
         if self.q_conv is None:
             return q, k, v, None
         states = (None,) * 3 if conv_state is None else conv_state.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
         (q, q_state), (k, k_state), (v, v_state) = (
-            conv(x, state, output_conv_state) for conv, x, state in zip((self.q_conv, self.k_conv, self.v_conv), (q, k, v), states)
+            conv(x, state, output_conv_state, ends) for conv, x, state in zip((self.q_conv, self.k_conv, self.v_conv), (q, k, v), states)
         )
         return q, k, v, (torch.cat([q_state, k_state, v_state], dim=-1) if output_conv_state else None)
 
-    def _project(self, x: torch.Tensor, conv_state: torch.Tensor | None = None, output_conv_state: bool = False):
-        # x: [B, T, dim] -> q, k, g [B, T, H, K]; v [B, T, H, V] (H: this rank's heads under TP); the conv state
+    def _project(self, x: torch.Tensor, conv_state: torch.Tensor | None = None, output_conv_state: bool = False,
+                 mask: torch.Tensor | None = None):
+        # x: [B, T, dim]; mask: [B, T] bool (True: a real token) or None
+        # -> q, k, g [B, T, H, K]; v [B, T, H, V] (H: this rank's heads under TP); the conv state
         batch, seq_len, _ = x.shape
-        q, k, v, conv_state = self._convolve(self.wq(x), self.wk(x), self.wv(x), conv_state, output_conv_state)
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        ends = None
+        if mask is not None:
+            # A pad leaves the state and the convolution window as they were: it enters neither the window
+            # (its q, k, v are 0, what a fresh window holds, and a row's window ends at its last real token)
+            # nor the recurrence (k = 0 adds nothing, g = 0 decays nothing).
+            keep = mask.unsqueeze(-1).to(q.dtype)
+            q, k, v = q * keep, k * keep, v * keep
+            positions = torch.arange(1, seq_len + 1, device=x.device)
+            ends = (mask * positions).amax(dim=1)  # [B]: one past each row's last real token (0: none)
+        q, k, v, conv_state = self._convolve(q, k, v, conv_state, output_conv_state, ends)
+        if mask is not None and self.q_conv is not None:
+            q, k, v = q * keep, k * keep, v * keep
         q = q.view(batch, seq_len, -1, self.head_k_dim)
         k = k.view(batch, seq_len, -1, self.head_k_dim)
         v = v.view(batch, seq_len, -1, self.head_v_dim)
         g = F.logsigmoid(self.gk_up(self.gk_down(x))).view(batch, seq_len, -1, self.head_k_dim) / self.gate_logit_normalizer
         if self.clamp_min is not None:
             g = g.clamp_min(self.clamp_min)
+        if mask is not None:
+            g = g * mask.view(batch, seq_len, 1, 1).to(g.dtype)
         return q, k, v, g, conv_state
 
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -96,10 +112,10 @@ class GatedLinearAttention(nn.Module):
         return self.wo(o.reshape(batch, seq_len, -1))
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False,
-                conv_state: torch.Tensor | None = None):
-        # x: [B, T, dim]; state: [B, H, K, V] or None; conv_state: [B, W - 1, 2 K_all + V_all] or None
-        # -> ([B, T, dim], final state or None, final conv state or None)
-        q, k, v, g, conv_state = self._project(x, conv_state, output_final_state)
+                conv_state: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        # x: [B, T, dim]; state: [B, H, K, V] or None; conv_state: [B, W - 1, 2 K_all + V_all] or None;
+        # mask: [B, T] bool or None (every token real) -> ([B, T, dim], final state or None, final conv state or None)
+        q, k, v, g, conv_state = self._project(x, conv_state, output_final_state, mask)
         o, final_state = self.gla(q, k, v, g, initial_state=state, output_final_state=output_final_state)
         return self._output(o, x), final_state, conv_state
 
@@ -121,9 +137,9 @@ class Block(nn.Module):
         self.mlp = MLP(args.dim, args.hidden_dim)
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False,
-                conv_state: torch.Tensor | None = None):
-        # x: [B, T, dim] -> ([B, T, dim], final state [B, H, K, V] or None, final conv state or None)
-        attended, final_state, conv_state = self.attention(self.attention_norm(x), state, output_final_state, conv_state)
+                conv_state: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        # x: [B, T, dim]; mask: [B, T] bool or None -> ([B, T, dim], final state [B, H, K, V] or None, final conv state or None)
+        attended, final_state, conv_state = self.attention(self.attention_norm(x), state, output_final_state, conv_state, mask)
         h = x + attended
         return h + self.mlp(self.ffn_norm(h)), final_state, conv_state
 
@@ -166,15 +182,21 @@ class GLA(NativeDecoder):
             return [None] * n_layers, [None] * n_layers
         return list(state[:n_layers]), list(state[n_layers:]) or [None] * n_layers
 
-    def prefill(self, tokens: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
-        # tokens: [B, T]; state: as init_state's, or None (a fresh sequence) -> logits [B, T, vocab], state
+    def prefill(self, tokens: torch.Tensor, state: State | None = None, mask: torch.Tensor | None = None,
+                logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        # tokens: [B, T]; state: as init_state's, or None (a fresh sequence); mask: [B, T] bool (True: a real
+        # token; pads leave each row's state and convolution window as its real tokens left them) or None;
+        # logits_at: [B] positions or None -> logits [B, T, vocab] (pad positions: unspecified), or
+        # [B, 1, vocab] at logits_at (a serving prefill needs one row of the head's [T, vocab]); state
         h = self.embed(tokens)
         recurrent, conv = self._split_state(state)
         new_recurrent, new_conv = [], []
         for block, layer_state, conv_state in zip(self.layers, recurrent, conv):
-            h, layer_state, conv_state = block(h, layer_state, output_final_state=True, conv_state=conv_state)
+            h, layer_state, conv_state = block(h, layer_state, output_final_state=True, conv_state=conv_state, mask=mask)
             new_recurrent.append(layer_state)
             new_conv.append(conv_state)
+        if logits_at is not None:
+            h = h[torch.arange(h.shape[0], device=h.device), logits_at].unsqueeze(1)  # [B, 1, dim]
         return self.logits(self.norm(h)), new_recurrent + (new_conv if self.args.use_short_conv else [])
 
     def decode_step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:

@@ -5,14 +5,16 @@ and bias) and the MLP's w1/w3 split by output columns; wo and w2 by input rows; 
 attention and one after the MLP. Each rank holds n_heads / tp heads and runs the GLA recurrence on them
 alone: heads never exchange state. The low-rank gk_down stays replicated (its output feeds every rank's
 gk_up; the column-parallel input sums its gradient over ranks). The per-head out_norm is a per-head norm
-over the head-sharded output. Embedding, norms and output head stay replicated.
+over the head-sharded output. With short convolutions, the q, k, v convolutions' depthwise filters (and
+biases) are split on their channel dim with the projection columns they follow (TP.CHANNELWISE): each rank
+convolves its own heads' channels, and no communication is added. Embedding, norms and output head stay
+replicated.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from assay.core.errors import AssayError
 from assay.models.common.tp_plan import TP, attention_plan, check_tp_sizes, mlp_plan
 from assay.models.gla.args import GLAArgs
 
@@ -21,13 +23,13 @@ def tp_plan(block: nn.Module, args: GLAArgs) -> dict[str, TP]:
     plan = attention_plan() | mlp_plan() | {"attention.gk_up": TP.COLWISE, "attention.out_norm": TP.HEAD_NORM}
     if args.use_output_gate:
         plan["attention.wg"] = TP.COLWISE
+    if args.use_short_conv:
+        plan |= {f"attention.{name}_conv": TP.CHANNELWISE for name in ("q", "k", "v")}
     return plan
 
 
 def tp_sizes(args: GLAArgs) -> dict[str, int]:
-    if args.use_short_conv:
-        # Its per-channel filters would have to be split with the q, k, v columns: not written yet.
-        raise AssayError("tensor parallelism of a GLA with short convolutions (use_short_conv) is not implemented; use FSDP (--dp-shard)")
+    # Heads divisible: the q, k, v columns (and their convolutions' channels) then split by whole heads.
     return {"n_heads": args.n_heads, "hidden_dim": args.hidden_dim}
 
 
