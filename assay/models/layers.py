@@ -1,6 +1,6 @@
 """Layers shared by every native model, and the kernel seams, re-exported from their modules in
-assay.models.common (one per concern: norm, rope, attention, feed_forward, linear_attention, decoder,
-counting). Import from either place.
+assay.models.common (one per concern: norm, rope, attention, feed_forward, linear_attention, block,
+kv_cache, decoder, counting). Import from either place.
 
 The kernel registry (assay.kernels) targets the module classes here, never a model class, so a new
 architecture that builds from these layers gets the kernels with no kernel change:
@@ -13,16 +13,30 @@ Numerics follow Transformers (rotate-half rotary, float32 normalisation then cas
 native model's float32 logits equal Transformers' to rounding.
 """
 
-from assay.models.common.attention import CausalAttention, KVCache, cached_decode_attention, write_prefill_kv
+from assay.models.common.attention import Attention, CausalAttention, WindowedCausalAttention, masked_attention
+from assay.models.common.block import TransformerBlock
 from assay.models.common.counting import ParamCounts, count_parameters
-from assay.models.common.decoder import KVCacheDecoder, NativeDecoder, RotaryDecoder
+from assay.models.common.decoder import NativeDecoder, RotaryDecoder
 from assay.models.common.feed_forward import MLP, GroupedExperts, grouped_mm_runs
+from assay.models.common.kv_cache import KVCache, KVCacheDecodingMixin
 from assay.models.common.linear_attention import GLAOperator, ShortConvolution
 from assay.models.common.norm import RMSNorm
-from assay.models.common.rope import RopeScaling, RotaryEmbedding, apply_rotary, rotary_cos_sin, rotary_inv_freq, rotate_half
+from assay.models.common.rope import (
+    LinearRopeScaling,
+    RopeScaling,
+    RotaryEmbedding,
+    apply_rotary,
+    rotary_cos_sin,
+    rotary_inv_freq,
+    rotate_half,
+)
+
+# The decoding mixin's former name (KVCacheDecoder: a mixin, not a decoder).
+KVCacheDecoder = KVCacheDecodingMixin
 
 __all__ = [
-    "MLP", "CausalAttention", "GLAOperator", "GroupedExperts", "KVCache", "KVCacheDecoder", "NativeDecoder", "ParamCounts",
-    "RMSNorm", "RopeScaling", "RotaryDecoder", "RotaryEmbedding", "ShortConvolution", "apply_rotary", "cached_decode_attention",
-    "count_parameters", "grouped_mm_runs", "rotary_cos_sin", "rotary_inv_freq", "rotate_half", "write_prefill_kv",
+    "MLP", "Attention", "CausalAttention", "GLAOperator", "GroupedExperts", "KVCache", "KVCacheDecoder", "KVCacheDecodingMixin",
+    "LinearRopeScaling", "NativeDecoder", "ParamCounts", "RMSNorm", "RopeScaling", "RotaryDecoder", "RotaryEmbedding",
+    "ShortConvolution", "TransformerBlock", "WindowedCausalAttention", "apply_rotary", "count_parameters", "grouped_mm_runs",
+    "masked_attention", "rotary_cos_sin", "rotary_inv_freq", "rotate_half",
 ]

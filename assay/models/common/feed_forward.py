@@ -1,4 +1,4 @@
-"""Feed-forward layers: the SwiGLU MLP and the grouped experts of a mixture-of-experts layer (the
+"""Feed-forward layers: the gated MLP (SwiGLU, GeGLU) and the grouped experts of a mixture-of-experts layer (the
 kernel seam GroupedExperts, kernel "grouped_experts")."""
 
 from __future__ import annotations
@@ -10,17 +10,29 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class MLP(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+# The gate's activation, by Transformers' hidden_act name: SwiGLU (Llama, Qwen3) or GeGLU with the tanh GELU (Gemma).
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
 
-    def __init__(self, dim: int, hidden_dim: int, bias: bool = False):
+
+class MLP(nn.Module):
+    """A gated MLP: w2(act(w1 x) * w3 x), act SiLU (SwiGLU) by default."""
+
+    def __init__(self, dim: int, hidden_dim: int, bias: bool = False, activation: str = "silu"):
         super().__init__()
+        self.activation = activation
+        self.act = ACTIVATIONS[activation]
         self.w1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.w2 = nn.Linear(hidden_dim, dim, bias=bias)
         self.w3 = nn.Linear(dim, hidden_dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., dim]
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x)) * self.w3(x))
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"
 
 
 @functools.cache

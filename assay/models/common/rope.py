@@ -20,26 +20,38 @@ class RopeScaling:
     high_freq_factor: float
     original_max_position_embeddings: int
 
+    def scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """Transformers' _compute_llama3_parameters."""
+        low_freq_wavelen = self.original_max_position_embeddings / self.low_freq_factor
+        high_freq_wavelen = self.original_max_position_embeddings / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = (self.original_max_position_embeddings / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        in_band = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+        return torch.where(in_band, smoothed, scaled)
 
-def rotary_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None, device=None) -> torch.Tensor:
-    """[head_dim / 2] float32 inverse frequencies; Transformers' _compute_llama3_parameters when scaled."""
+
+@dataclass(frozen=True)
+class LinearRopeScaling:
+    """Position interpolation (rope_type "linear", Gemma 3's global layers from 4B up): every frequency / factor."""
+
+    factor: float
+
+    def scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        return inv_freq / self.factor
+
+
+def rotary_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | LinearRopeScaling | None = None, device=None) -> torch.Tensor:
+    """[head_dim / 2] float32 inverse frequencies, scaled when a scaling is given."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
-    if scaling is None:
-        return inv_freq
-    low_freq_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
-    high_freq_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = (scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    in_band = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
-    return torch.where(in_band, smoothed, scaled)
+    return inv_freq if scaling is None else scaling.scale(inv_freq)
 
 
 def rotary_cos_sin(
-    head_dim: int, max_seq_len: int, theta: float, device=None, scaling: RopeScaling | None = None
+    head_dim: int, max_seq_len: int, theta: float, device=None, scaling: RopeScaling | LinearRopeScaling | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin: [max_seq_len, head_dim], float32, each frequency repeated in both halves (HF layout)."""
     inv_freq = rotary_inv_freq(head_dim, theta, scaling, device)
