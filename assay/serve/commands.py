@@ -33,7 +33,7 @@ def serve_command(
     replicas: int = typer.Option(1, "--replicas", help="--executor ray: engine replicas, one device each"),
     api_key: Optional[str] = typer.Option(
         None, "--api-key", envvar="ASSAY_API_KEY", show_default=False, show_envvar=True,
-        help="every /v1/* route needs 'Authorization: Bearer KEY' (/health and /metrics stay open); prefer the environment variable",
+        help="every /v1/* route needs 'Authorization: Bearer KEY' (/health and /metrics stay open); prefer the environment variable ASSAY_API_KEY (not in the process list)",
     ),
     max_request_bytes: int = typer.Option(DEFAULT_MAX_REQUEST_BYTES, "--max-request-bytes", help="a larger request body is refused (413) before it is parsed"),
 ):

@@ -518,6 +518,8 @@ def test_assay_serve_answers_and_exits_cleanly_on_signal(zoo_dir, reference, sto
         (["--port", "70000"], "--port must be in [0, 65535]"),
         (["--replicas", "2"], "--replicas needs --executor ray"),
         (["--executor", "k8s"], "unknown --executor 'k8s': local or ray"),
+        (["--api-key", "two words"], "--api-key (or ASSAY_API_KEY) must be a non-empty string without spaces"),
+        (["--max-request-bytes", "10"], "--max-request-bytes must be at least 1024, got 10"),
     ],
 )
 def test_assay_serve_bad_flags_exit_2_with_one_line(zoo_dir, assay_cli, flags, message):
