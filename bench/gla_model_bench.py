@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-import assay.models.layers as layers
+import assay.models.common.linear_attention as layers  # GLAOperator reads gla_chunk from this module
 from assay.core.files import atomic_write_json
 from assay.core.output import print_table
 from assay.kernels.gla import gla_chunk

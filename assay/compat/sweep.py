@@ -173,7 +173,8 @@ def _run_sweep(request: SweepRequest, started: float, cache: dict, zygote) -> Sw
                 finally:
                     pool.release(indices)
 
-            with ThreadPoolExecutor(max_workers=request.workers) as executor:
+            executor = ThreadPoolExecutor(max_workers=request.workers)
+            try:
                 pending: set[Future] = {executor.submit(run_one, plan) for plan in plans}
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -182,6 +183,10 @@ def _run_sweep(request: SweepRequest, started: float, cache: dict, zygote) -> Sw
                         write_row(request.out, row)  # only this thread writes: one row at a time
                         rows.append(row)
                         progress.finished(row)
+            finally:
+                # Not `with`: on SIGTERM or Ctrl-C its exit would wait for every queued probe. The queued
+                # ones are dropped; the running ones end with the zygote, which run_sweep closes next.
+                executor.shutdown(wait=False, cancel_futures=True)
     return SweepOutcome(rows, already, time.perf_counter() - started)
 
 

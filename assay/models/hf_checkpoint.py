@@ -2,7 +2,8 @@
 model.safetensors.index.json) into a state dict, and write one back with config.json and the
 tokenizer files of a source checkpoint. Every file is written atomically (assay.core.files).
 
-Key names are the caller's business: a model's state_dict_adapter maps them.
+Key names are the caller's business: a model's state_dict_adapter maps them (assay.models.registry's
+ArchSpec.load and export_hf put the two together).
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ def load_into_meta_model(
     """`model_cls(args)` built on "meta", then given `native`'s tensors (native key names) on device in dtype.
 
     AssayError naming up to four tensors whose shape does not fit the spec. A tensor that stands
-    under two keys (a tied embedding/output) is converted once; the model's tie_weights() then makes
-    the two one Parameter again.
+    under two keys (a tied embedding/output) is converted once; assign=True leaves them two Parameters,
+    which the caller ties again (NativeDecoder.from_state_dict).
     """
     with torch.device("meta"):
         model = model_cls(args)
@@ -170,47 +171,7 @@ def load_into_meta_model(
             converted[id(native[key])] = _owned(native[key], device, dtype)
         weights[key] = converted[id(native[key])]
     model.load_state_dict(weights, strict=True, assign=True)
-    model.tie_weights()  # assign=True gave output and embedding separate Parameters
     return model
-
-
-def load_native_checkpoint(
-    path_or_dir: str | os.PathLike,
-    args_from_hf: Callable[[dict], Any],
-    apply_spec: Callable[[Any, Any], Any],
-    from_hf: Callable[..., Mapping[str, torch.Tensor]],
-    model_cls: Callable[[Any], torch.nn.Module],
-    family: str,
-    spec_overrides: Any = None,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    **from_hf_options: Any,
-) -> tuple[torch.nn.Module, Any]:
-    """A native model as the checkpoint's config.json describes it (after overrides), with its weights:
-    safetensors read lazily (one file or sharded), renamed by the model's from_hf, placed on device."""
-    folder = checkpoint_dir(path_or_dir)
-    args = apply_spec(args_from_hf(read_hf_config(folder)), spec_overrides)
-    native = from_hf(SafetensorsStateDict(folder), args, **from_hf_options)
-    model = load_into_meta_model(model_cls, args, native, device, dtype, family)
-    model.reset_rope_cache()  # derived buffers (a rotary table) on the weights' device
-    return model, args
-
-
-def export_native_model(
-    model: torch.nn.Module | Mapping[str, torch.Tensor],
-    args: Any,
-    to_hf: Callable[[Mapping[str, torch.Tensor], Any], Mapping[str, torch.Tensor]],
-    out_dir: str | os.PathLike,
-    tokenizer_source_dir: str | os.PathLike | None = None,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    extra_config: Mapping[str, Any] | None = None,
-) -> list[Path]:
-    """A native model (or its full, gathered, plain-tensor state dict) as a checkpoint folder: to_hf's
-    key names, args.to_hf_config(), and the source checkpoint's tokenizer files."""
-    state_dict = model.state_dict() if isinstance(model, torch.nn.Module) else model
-    return export_native_checkpoint(
-        out_dir, to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir, max_shard_bytes, extra_config=extra_config
-    )
 
 
 def _plain_cpu_tensor(key: str, tensor: torch.Tensor) -> torch.Tensor:

@@ -4,18 +4,20 @@ torchtitan's model specs and vLLM's model registry in one: everything that diffe
 answered by its ArchSpec, so train, serve, recall and the zoo never ask "which architecture is this?".
 
     spec = for_config(read_hf_config("zoo/llama"))           # or get("llama"), or for_model_type("qwen3_moe")
-    model, args = spec.load("zoo/llama", None, False, "cpu", torch.float32)
+    model, args = spec.load("zoo/llama", device="cpu", dtype=torch.float32)
     spec.export_hf(model.state_dict(), args, "out/", "zoo/llama")
 
-Each models/<arch>/__init__.py ends with one `register(ArchSpec(...))`. The packages below are imported
-on the first lookup (vLLM's lazy registry: a name and where it lives), so importing this module stays
-cheap and a model never imports another.
+Each models/<arch>/__init__.py ends with one `register(ArchSpec(...))` naming its parts (args class,
+model class, key-map adapter, TP plan); load, export, build, parallelize and the FLOP count derive from
+them. The packages below are imported on the first lookup (vLLM's lazy registry: a name and where it
+lives), so importing this module stays cheap and a model never imports another.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,46 +29,50 @@ from assay.core.errors import AssayError
 from assay.models.serving import CacheSpec, ModelAdapter
 
 # Where the built-in entries live. Adding an architecture: a folder, its register(...) call, one line here.
-ARCH_PACKAGES: tuple[str, ...] = ("assay.models.qwen3", "assay.models.gla", "assay.models.llama")
+ARCH_PACKAGES: tuple[str, ...] = ("assay.models.qwen3", "assay.models.gla", "assay.models.llama", "assay.models.gemma3")
 
 
 @dataclass(frozen=True)
 class FlopShape:
-    """What core.metrics.train_flops_per_token needs: active matmul weights per token, layers, attention width."""
+    """What core.metrics.train_flops_per_token needs: active matmul weights per token, layers, attention width.
+
+    window_layers: the sliding-window layers as (count, window) pairs, counted among n_layers; each
+    attends to min(seq_len, window) positions instead of seq_len."""
 
     active_matmul_params: int
     n_layers: int
     attention_width: int  # 0 for a recurrence (its cost does not grow with the context)
+    window_layers: tuple[tuple[int, int], ...] = ()
 
     def train_flops_per_token(self, seq_len: int) -> float:
         from assay.core.metrics import train_flops_per_token
 
-        return train_flops_per_token(self.active_matmul_params, self.n_layers, self.attention_width, seq_len)
+        # The attention term is linear in layers x context: full layers at seq_len, window layers at their window.
+        full_layers = self.n_layers - sum(count for count, _ in self.window_layers)
+        flops = train_flops_per_token(self.active_matmul_params, full_layers, self.attention_width, seq_len)
+        for count, window in self.window_layers:
+            flops += train_flops_per_token(0, count, self.attention_width, min(seq_len, window))
+        return flops
 
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """One native architecture: everything a system needs to load, build, train, export and serve it."""
+    """One native architecture: everything a system needs to load, build, train, export and serve it,
+    derived from the folder's parts (args class, model class, key-map adapter, TP plan)."""
 
     name: str  # "qwen3", "gla", "llama": the folder under assay/models and what results call it
     label: str  # for people: "attention (Qwen3)", "GLA"
     model_types: tuple[str, ...]  # the HF config model_types this entry owns
-    # config.json dict -> args (the architecture's frozen dataclass)
-    args_from_hf: Callable[[Mapping[str, Any]], Any]
-    # (args, overrides "layers=4,..." or a mapping, or None) -> args
-    apply_spec: Callable[[Any, Any], Any]
-    # the nn.Module class: model_cls(args) builds it (under torch.device("meta"): shapes only)
+    # the frozen args dataclass (assay.models.common.args.ModelArgs): from_hf_config, to_hf_config, with_overrides
+    args_cls: type
+    # the root module (assay.models.common.decoder.NativeDecoder): model_cls(args); build; from_state_dict
     model_cls: type[nn.Module]
-    # (args, device, dtype, seed) -> randomly initialised model (on "meta": no init)
-    init: Callable[..., nn.Module]
-    # (folder, spec overrides, slice_experts, device, dtype) -> (model, args): HF safetensors, single or sharded
-    load: Callable[..., tuple[nn.Module, Any]]
-    # (model or full plain state dict, args, out_dir, tokenizer_source_dir) -> files written
-    export_hf: Callable[..., list]
-    # "module:function" of parallelize(model, mesh, tp=, dp_shard=) (TP plan, then FSDP2) and of
-    # check_tp_divisible(args, tp); imported on use: torch.distributed only for a run that shards
-    parallelize_fn: str
-    check_tp_fn: str
+    # the key map (assay.models.common.state_dict_adapter.KeyMapAdapter): adapter_cls(args).to_hf / from_hf
+    adapter_cls: type
+    # (block, args) -> {module name in the block: TP} (assay.models.common.tp_plan), and args -> the sizes
+    # tensor parallelism must divide (AssayError for what cannot be split at all)
+    tp_plan: Callable[[nn.Module, Any], Mapping[str, Any]]
+    tp_sizes: Callable[[Any], Mapping[str, int]]
     # serving: the cache kind, its slot adapter and its bytes per sequence
     cache: CacheSpec
     # kernel name -> module-name pattern of the modules it replaces in this architecture
@@ -78,28 +84,86 @@ class ArchSpec:
 
     # ---------------------------------------------------------------- derived, the same for every entry
 
+    def args_from_hf(self, config: Mapping[str, Any]) -> Any:
+        """config.json dict -> args (refuses, with the reason, what the model cannot run)."""
+        return self.args_cls.from_hf_config(config)
+
+    def apply_spec(self, args: Any, overrides: str | Mapping[str, Any] | None) -> Any:
+        """args with overrides ("layers=4,..." or a mapping, aliases allowed); None: args."""
+        return args.with_overrides(overrides)
+
+    def flavour(self, name: str) -> Any:
+        try:
+            return self.flavours[name]
+        except KeyError:
+            raise AssayError(f"unknown {self.args_cls.FAMILY} flavour {name!r}; known: {', '.join(self.flavours)}") from None
+
     def build(self, args: Any, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> nn.Module:
         """The model for args: shapes only on "meta", randomly initialised elsewhere."""
-        return self.init(args, device, dtype, seed)
+        return self.model_cls.build(args, device, dtype, seed)
 
-    def parallelize(self, model: nn.Module, mesh, tp: bool, dp_shard: bool) -> nn.Module:
+    def init(self, args: Any, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> nn.Module:
+        return self.build(args, device, dtype, seed)
+
+    def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
+        return self.adapter_cls(args).to_hf(state_dict)
+
+    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any, slice_experts: bool = False) -> dict[str, torch.Tensor]:
+        return self.adapter_cls(args).from_hf(hf_state_dict, slice_layers=slice_experts)
+
+    def load(self, folder: str | os.PathLike, spec_overrides: str | Mapping[str, Any] | None = None, slice_experts: bool = False,
+             device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
+        """The native model the checkpoint's config.json describes (after overrides), with its weights:
+        safetensors read lazily (one file or sharded), renamed by the key map, placed on device in dtype.
+
+        slice_experts (the trainer's --slice-experts): allow a spec smaller than the checkpoint (its first
+        layers; for a mixture of experts also its first experts and router rows).
+        """
+        from assay.models.hf_checkpoint import SafetensorsStateDict, checkpoint_dir, read_hf_config
+
+        path = checkpoint_dir(folder)
+        args = self.apply_spec(self.args_from_hf(read_hf_config(path)), spec_overrides)
+        native = self.from_hf(SafetensorsStateDict(path), args, slice_experts)
+        return self.model_cls.from_state_dict(args, native, device, dtype, self.args_cls.FAMILY), args
+
+    def export_hf(self, model: nn.Module | Mapping[str, torch.Tensor], args: Any, out_dir: str | os.PathLike,
+                  tokenizer_source_dir: str | os.PathLike | None = None, max_shard_bytes: int | None = None,
+                  extra_config: Mapping[str, Any] | None = None) -> list:
+        """A checkpoint folder AutoModelForCausalLM.from_pretrained reloads: safetensors under the key map's
+        names, args.to_hf_config(), and from the source checkpoint its tokenizer files, generation_config.json
+        and token ids. `model` is a native model or its full (gathered, plain-tensor) state dict;
+        extra_config: further config.json fields (token ids when there is no source checkpoint)."""
+        from assay.models.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, export_native_checkpoint
+
+        state_dict = model.state_dict() if isinstance(model, nn.Module) else model
+        return export_native_checkpoint(out_dir, self.to_hf(state_dict, args), args.to_hf_config(), tokenizer_source_dir,
+                                        max_shard_bytes or DEFAULT_MAX_SHARD_BYTES, extra_config=extra_config)
+
+    def parallelize(self, model: nn.Module, mesh, tp: bool, dp_shard: bool, mp_policy=None, reshard_after_forward: bool = True) -> nn.Module:
         """TP over mesh["tp"] (if tp), then FSDP2 over mesh["dp_shard"] (if dp_shard); in place."""
-        return _resolve(self.parallelize_fn)(model, mesh, tp=tp, dp_shard=dp_shard)
+        from assay.models.parallel import parallelize_model
+
+        return parallelize_model(model, mesh, tp, dp_shard, self.tp_plan, self.tp_sizes, mp_policy, reshard_after_forward)
 
     def check_tp(self, args: Any, tp: int) -> None:
         """AssayError when the sizes do not split tp ways (before any process group exists)."""
         if tp > 1:
-            _resolve(self.check_tp_fn)(args, tp)
+            from assay.models.common.tp_plan import check_tp_sizes
+
+            check_tp_sizes(self.tp_sizes(args), tp)
 
     def flop_shape(self, args: Any) -> FlopShape:
         """Counted on the meta device, so a sharded (or huge) model is counted whole. The attention term
-        (PaLM's) counts for a model that attends over a KV cache; a fixed-state recurrence costs O(T) and
-        counts its matmul weights only (6N per token, the usual convention for linear attention)."""
-        from assay.models.layers import count_parameters
+        (PaLM's) counts for a model that attends over a KV cache, a sliding-window layer over its window;
+        a fixed-state recurrence costs O(T) and counts its matmul weights only (6N per token, the usual
+        convention for linear attention)."""
+        from assay.models.common.counting import count_parameters
 
         counts = count_parameters(self.build(args, "meta"), top_k=getattr(args, "top_k", 0))
-        attention_width = args.n_heads * args.head_dim if self.cache.grows else 0
-        return FlopShape(counts.active_matmul, args.n_layers, attention_width)
+        if not self.cache.grows:
+            return FlopShape(counts.active_matmul, args.n_layers, 0)
+        windows = Counter(window for layer in range(args.n_layers) if (window := args.layer_window(layer)) is not None)
+        return FlopShape(counts.active_matmul, args.n_layers, args.n_heads * args.head_dim, tuple(sorted((n, w) for w, n in windows.items())))
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         """The repeated blocks (compiled one by one, FSDP units)."""
@@ -110,11 +174,12 @@ class ArchSpec:
         return self.flop_shape(args).train_flops_per_token(seq_len)
 
     def state_bytes_per_sequence(self, args: Any, seq_len: int, dtype: torch.dtype = torch.float32) -> int:
-        """Decoding memory of one sequence of seq_len tokens: a KV cache grows with it, a fixed state does not."""
+        """Decoding memory of one sequence of seq_len tokens: a KV cache grows with it (a window layer up to its
+        window), a fixed state does not."""
         return self.cache.bytes_per_sequence(args, seq_len, dtype)
 
     def serving_adapter(self, folder: str | os.PathLike, device: torch.device, max_len: int) -> ModelAdapter:
-        """The slot adapter (prefill into a slot, decode a batch of slots) over the checkpoint's model."""
+        """The slot adapter (prefill into slots, decode a batch of slots) over the checkpoint's model."""
         from pathlib import Path
 
         return self.cache.adapter.load(self, Path(folder), device, max_len)
@@ -122,11 +187,6 @@ class ArchSpec:
     def adapter_for(self, model: nn.Module, args: Any) -> ModelAdapter:
         """The slot adapter over an already loaded model."""
         return self.cache.adapter(model, args, self.name)
-
-
-def _resolve(path: str) -> Callable:
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 _BY_NAME: dict[str, ArchSpec] = {}

@@ -1,11 +1,13 @@
 """Slot serving for native models: how a loaded model lays out its per-sequence state in the engine's
-slot pool, prefills one prompt into a slot and decodes a batch of slots by one token.
+slot pool, prefills a right-padded batch of prompts (or later chunks of them) into slots and decodes a
+batch of slots by one token.
 
 Two kinds, chosen by an architecture's registry entry (never by asking which architecture it is):
   StateAdapter    a fixed-state model (GLA): one [H, K, V] matrix per layer and slot, whatever the length;
                   prefill through the chunked form, decode through the recurrent step.
-  KVCacheAdapter  a transformer with a static key/value cache per slot (any KVCacheDecoder model:
-                  Qwen3, Llama): [max_len, Hkv, D] per layer for k and for v.
+  KVCacheAdapter  a transformer with a static key/value cache per slot (any KVCacheDecodingMixin model:
+                  Qwen3, Llama, Gemma 3): [max_len, Hkv, D] per layer for k and for v, a sliding-window
+                  layer a ring of [min(window, max_len), Hkv, D].
 
 Every decode is `decode(tokens [W, 1], slot_ids [W], positions [W], buffers) -> logits [W, vocab]`: the
 function the engine compiles once per width. It gathers its rows from the pool, runs the model's step
@@ -39,9 +41,11 @@ class KVLayout:
     n_kv_heads: int
     head_dim: int
     note: str
+    windows: tuple[int | None, ...] = ()  # per layer, the positions a sliding-window layer keeps at most (None: all)
 
     def bytes_per_sequence(self, seq_len: int, dtype: torch.dtype = KV_REFERENCE_DTYPE) -> int:
-        return kv_cache_bytes_per_sequence(self.n_layers, self.n_kv_heads, self.head_dim, seq_len, dtype)
+        kept = [seq_len if window is None else min(window, seq_len) for window in self.windows or (None,) * self.n_layers]
+        return sum(kv_cache_bytes_per_sequence(1, self.n_kv_heads, self.head_dim, positions, dtype) for positions in kept)
 
 
 class ModelAdapter(ABC):
@@ -56,7 +60,7 @@ class ModelAdapter(ABC):
     @classmethod
     def load(cls, spec: ArchSpec, folder: Path, device: torch.device, max_len: int) -> ModelAdapter:
         """The checkpoint's native model in eval mode, ready for sequences up to max_len tokens."""
-        model, args = spec.load(folder, None, False, device, torch.float32)
+        model, args = spec.load(folder, device=device, dtype=torch.float32)
         return cls(model.eval(), args, spec.name)
 
     @abstractmethod
@@ -65,9 +69,25 @@ class ModelAdapter(ABC):
         ...
 
     @abstractmethod
-    def prefill(self, tokens: torch.Tensor, slot: int, buffers: list[torch.Tensor]) -> torch.Tensor:
-        """tokens [1, T] of one fresh sequence -> logits [vocab] at its last position; its state written to row `slot`."""
+    def prefill_batch(self, tokens, slot_ids, buffers, *, lengths=None, start_positions=None, all_logits=False):
+        """tokens [B, T] int64, RIGHT-padded: row b's real tokens are tokens[b, :lengths[b]] (lengths None: all T).
+        slot_ids [B] int64: each row's slot in the pool.
+        start_positions [B] int64 (None: zeros): tokens of row b's sequence already in its slot. 0 = a fresh
+          sequence (its slot's old contents are ignored/reset); > 0 = a later chunk of a chunked prefill that
+          continues from the slot's state (KV: attends to cache positions < start; GLA: starts from the
+          slot's recurrent state and conv window).
+        Returns float32 logits [B, vocab] at each row's last real token, or [B, T, vocab] when all_logits
+        (pad positions: unspecified).
+        Writes row b's state for positions start..start+len-1 into slot slot_ids[b]; pad positions leave
+        the slot exactly as the real tokens left it (no KV write beyond start+len that could ever be read,
+        no write past the slot's end; GLA: state and conv window untouched by pads)."""
         ...
+
+    def prefill(self, tokens: torch.Tensor, slot: int, buffers: list[torch.Tensor], *, all_logits: bool = False) -> torch.Tensor:
+        """tokens [1, T] of one fresh sequence -> logits [vocab] at its last position ([T, vocab] at every
+        position with all_logits: a prompt's own log-probabilities); its state written to row `slot`."""
+        slot_ids = torch.tensor([slot], dtype=torch.int64, device=tokens.device)
+        return self.prefill_batch(tokens, slot_ids, buffers, all_logits=all_logits)[0]
 
     @abstractmethod
     def decode(self, tokens: torch.Tensor, slot_ids: torch.Tensor, positions: torch.Tensor, buffers: list[torch.Tensor]) -> torch.Tensor:
@@ -99,12 +119,21 @@ class StateAdapter(ModelAdapter):
         device = self.model.tok_embeddings.weight.device
         return [torch.zeros(n_rows, *shape, dtype=dtype, device=device) for shape in self.model.state_shapes()]
 
-    def prefill(self, tokens, slot, buffers):
-        # tokens: [1, T] -> logits [vocab]; the final state of each layer lands in row `slot`
-        logits, state = self.model.prefill(tokens)
-        for buffer, layer_state in zip(buffers, state):
-            buffer[slot].copy_(layer_state[0])
-        return logits[0, -1]
+    def prefill_batch(self, tokens, slot_ids, buffers, *, lengths=None, start_positions=None, all_logits=False):
+        # One row at a time through the chunked form (the batched GLA prefill is the GLA model's to give):
+        # a row starts from its slot's state when it continues a sequence, and only its real tokens run.
+        rows = []
+        for row, slot in enumerate(slot_ids.tolist()):
+            length = tokens.shape[1] if lengths is None else int(lengths[row])
+            start = 0 if start_positions is None else int(start_positions[row])
+            state = [buffer[slot : slot + 1].float() for buffer in buffers] if start > 0 else None
+            logits, state = self.model.prefill(tokens[row : row + 1, :length], state)
+            for buffer, layer_state in zip(buffers, state):
+                buffer[slot].copy_(layer_state[0])
+            rows.append(logits[0] if all_logits else logits[0, -1])
+        if all_logits:  # pad positions: zeros
+            return torch.stack([torch.nn.functional.pad(row, (0, 0, 0, tokens.shape[1] - row.shape[0])) for row in rows]).float()
+        return torch.stack(rows).float()
 
     def decode(self, tokens, slot_ids, positions, buffers):
         # tokens: [W, 1]; slot_ids: [W]; positions unused (a state carries no position) -> logits [W, vocab]
@@ -127,13 +156,13 @@ class StateAdapter(ModelAdapter):
 
 
 class KVCacheAdapter(ModelAdapter):
-    """A KVCacheDecoder model (assay.models.layers): init_kv_cache, prefill, decode_step."""
+    """A KVCacheDecodingMixin model (assay.models.common.kv_cache): init_kv_cache, prefill_batch, decode_step."""
 
     @classmethod
     def load(cls, spec, folder, device, max_len):
-        model, args = spec.load(folder, None, False, device, torch.float32)
+        model, args = spec.load(folder, device=device, dtype=torch.float32)
         if args.max_seq_len < max_len:  # the rotary table must reach the last position a slot can hold
-            model, args = spec.load(folder, {"max_seq_len": max_len}, False, device, torch.float32)
+            model, args = spec.load(folder, {"max_seq_len": max_len}, device=device, dtype=torch.float32)
         return cls(model.eval(), args, spec.name)
 
     def _kv_cache(self, buffers):
@@ -145,10 +174,10 @@ class KVCacheAdapter(ModelAdapter):
             buffers += [keys, values]
         return buffers
 
-    def prefill(self, tokens, slot, buffers):
-        # tokens: [1, T] -> logits [vocab]; keys/values of positions 0..T-1 land in row `slot`
-        slot_ids = torch.tensor([slot], dtype=torch.int64, device=tokens.device)
-        return self.model.prefill(tokens, self._kv_cache(buffers), slot_ids)[0, -1]
+    def prefill_batch(self, tokens, slot_ids, buffers, *, lengths=None, start_positions=None, all_logits=False):
+        # One pass over the padded batch (KVCacheDecodingMixin.prefill_batch): one attention call per layer.
+        return self.model.prefill_batch(tokens, self._kv_cache(buffers), slot_ids, lengths=lengths,
+                                        start_positions=start_positions, all_logits=all_logits)
 
     def decode(self, tokens, slot_ids, positions, buffers):
         # tokens: [W, 1]; slot_ids, positions: [W] -> logits [W, vocab]; each row's k/v written at its position
@@ -159,7 +188,11 @@ class KVCacheAdapter(ModelAdapter):
 
     def kv_reference(self):
         args = self.args
-        return KVLayout(args.n_layers, args.n_kv_heads, args.head_dim, f"its own cache, {args.n_kv_heads} kv heads x {args.head_dim}")
+        windows = tuple(args.layer_window(layer) for layer in range(args.n_layers))
+        note = f"its own cache, {args.n_kv_heads} kv heads x {args.head_dim}"
+        if any(windows):
+            note += f", {sum(w is not None for w in windows)} of {args.n_layers} layers a window of {max(w or 0 for w in windows)}"
+        return KVLayout(args.n_layers, args.n_kv_heads, args.head_dim, note, windows)
 
     def uses_max_len(self) -> bool:
         return True
@@ -169,8 +202,10 @@ class KVCacheAdapter(ModelAdapter):
 
 
 def kv_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:
-    """A KV-cache model's keys and values for seq_len tokens (args with n_layers, n_kv_heads, head_dim)."""
-    return kv_cache_bytes_per_sequence(args.n_layers, args.n_kv_heads, args.head_dim, seq_len, dtype)
+    """A KV-cache model's keys and values for seq_len tokens (args with n_layers, n_kv_heads, head_dim and
+    layer_window): what its slot keeps, a sliding-window layer at most its window."""
+    windows = tuple(args.layer_window(layer) for layer in range(args.n_layers))
+    return KVLayout(args.n_layers, args.n_kv_heads, args.head_dim, "", windows).bytes_per_sequence(seq_len, dtype)
 
 
 def state_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:

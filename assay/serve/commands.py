@@ -10,6 +10,7 @@ import typer
 from assay.core.cli import backend_option, device_option, quiet_libraries
 from assay.core.checks import check_checkpoint
 from assay.core.errors import AssayError
+from assay.serve.middleware import DEFAULT_MAX_REQUEST_BYTES
 
 
 def serve_command(
@@ -30,8 +31,13 @@ def serve_command(
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="the name clients pass as model (default: the folder name)"),
     executor: str = typer.Option("local", "--executor", help="local (this process) or ray (Ray Serve replicas)"),
     replicas: int = typer.Option(1, "--replicas", help="--executor ray: engine replicas, one device each"),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="ASSAY_API_KEY", show_default=False, show_envvar=True,
+        help="every /v1/* route needs 'Authorization: Bearer KEY' (/health and /metrics stay open); prefer the environment variable",
+    ),
+    max_request_bytes: int = typer.Option(DEFAULT_MAX_REQUEST_BYTES, "--max-request-bytes", help="a larger request body is refused (413) before it is parsed"),
 ):
-    """Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /health, /metrics)."""
+    """Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /health, /metrics)."""
     # The checkpoint (config, weights header, tokenizer: the HTTP API takes and returns text) before
     # anything is imported or loaded.
     check_checkpoint(model)
@@ -41,7 +47,8 @@ def serve_command(
     request = ServeRequest(
         model=model, device=device, backend=backend, max_seqs=max_seqs, buckets=buckets, no_buckets=no_buckets, eager=eager,
         state_dtype=state_dtype, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
-        max_len=max_len, host=host, port=port, served_model_name=served_model_name,
+        max_len=max_len, host=host, port=port, served_model_name=served_model_name, api_key=api_key or None,
+        max_request_bytes=max_request_bytes,
     )
     announce = lambda line: print(line, flush=True)  # noqa: E731
     if executor == "ray":

@@ -11,6 +11,10 @@ One step: abort what was asked to stop, admit waiting requests into free slots (
 prompt at a time; the first token comes from the prefill's last logits), then one decode step for every
 running sequence at the width the scheduler picks, padding rows pointing at the scratch slot.
 
+The pieces around it: serve/config.py (EngineConfig, TokenEvent, QueueFull), serve/sizing.py (how
+long a KV slot is and whether the pool fits), serve/compiled_decode.py (the decode step, eager or
+compiled per width, timed, warmed up), serve/sampling.py (the next token from a row of logits).
+
 Threads: add_request / abort may be called from any thread (an HTTP server's event loop); step() from
 one engine thread only. The waiting queue, the abort set and the set of live ids are guarded by a lock;
 the pool, the running table and the accounting are touched by the stepping thread alone.
@@ -19,153 +23,32 @@ the pool, the running table and the accounting are touched by the stepping threa
 from __future__ import annotations
 
 import os
-import random
 import threading
-import types
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
-from assay.core.compiling import CompileStats, compile_fn, watch
-from assay.core.device import free_memory_bytes, resolve_backend, resolve_device, synchronize
+from assay.core.device import resolve_backend, resolve_device, synchronize
 from assay.core.errors import AssayError
 from assay.core.numerics import max_abs_diff, rel_error
 from assay.serve.accounting import EagerCheck, EngineStats, EngineTotals, MemoryFacts, StepRecord, now
 from assay.serve.adapters import KV_REFERENCE_DTYPE, KV_REFERENCE_LENGTHS, ModelAdapter, load_adapter, state_dtype
+from assay.serve.compiled_decode import CompiledDecode, _fresh_function
+from assay.serve.config import EngineConfig, QueueFull, TokenEvent
 from assay.serve.pool import SlotPool
-from assay.serve.scheduler import DEFAULT_BUCKETS, check_buckets, decode_width, warm_up_widths
+from assay.serve.intake import EngineRequest, choice_ids, new_request
+from assay.serve.sampling import TokenLogprob, prompt_logprobs, sample_tokens, token_logprobs
+from assay.serve.scheduler import decode_width, warm_up_widths
+from assay.serve.sizing import (
+    POOL_MEMORY_SHARE, SLOT_LEN_GRAIN, check_pool_fits, checkpoint_positions, fitted_slot_len,
+)
+
+_check_pool_fits = check_pool_fits  # the name before the split
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    max_seqs: int = 64  # slots in the pool
-    buckets: tuple[int, ...] | None = DEFAULT_BUCKETS  # None: --no-buckets (each new width compiled when first seen)
-    eager: bool = False
-    device: str = "cpu"
-    backend: str = "inductor"
-    state_dtype: str = "float32"  # or "bfloat16"
-    max_waiting: int = 256  # bounded queue of requests not yet in a slot
-    max_prompt_tokens: int = 8192
-    max_new_tokens: int = 4096  # upper limit for a request's max_tokens
-    # A KV-cache model's slot holds max_len positions. None: max_prompt_tokens + max_new_tokens, and from a
-    # checkpoint (Engine.from_checkpoint) no more than the model's positions and what fits in memory.
-    max_len: int | None = None
-    # Also run the eager model on each compiled decode step's exact inputs and record the logit difference.
-    check_eager: bool = False
-    # Prompt tokens prefilled per step at most (None: every waiting request that fits a free slot). Prefill
-    # runs before the step's decode, so a burst of admissions stalls every running sequence; a budget
-    # spreads them over steps. The first waiting prompt is always admitted, so a long one cannot starve.
-    max_prefill_tokens: int | None = None
-
-    @property
-    def mode(self) -> str:
-        return "eager" if self.eager else ("no-buckets" if self.buckets is None else "buckets")
-
-    def slot_len(self) -> int:
-        return self.max_len if self.max_len is not None else self.max_prompt_tokens + self.max_new_tokens
-
-    def validate(self) -> None:
-        if self.max_seqs < 1:
-            raise AssayError(f"--max-seqs must be at least 1, got {self.max_seqs}")
-        if self.max_waiting < 0:
-            raise AssayError(f"--max-waiting must be >= 0, got {self.max_waiting}")
-        if self.max_prompt_tokens < 1 or self.max_new_tokens < 1:
-            raise AssayError("max_prompt_tokens and max_new_tokens must be positive")
-        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
-            raise AssayError(f"--max-prefill-tokens must be at least 1, got {self.max_prefill_tokens}")
-        if self.max_len is not None and self.max_len < 2:
-            raise AssayError(f"--max-len must be at least 2, got {self.max_len}")
-        state_dtype(self.state_dtype)
-        check_buckets(self.buckets, self.max_seqs)
-
-
-class QueueFull(AssayError):
-    """add_request when the waiting queue already holds max_waiting requests (HTTP: 429, retry later)."""
-
-
-@dataclass
-class TokenEvent:
-    request_id: str
-    token_id: int  # -1 for an abort
-    index: int  # 0-based output position
-    finished: bool
-    finish_reason: str | None  # "length" | "stop" | "abort" when finished
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt: list[int]
-    max_tokens: int
-    temperature: float
-    generator: torch.Generator | None
-    stop_token_ids: frozenset[int]
-    slot: int = -1
-    next_position: int = 0  # where the next fed token goes (a KV cache's position; unused by a GLA state)
-    last_token: int = -1
-    generated: list[int] = field(default_factory=list)
-
-
-# The static pool is allocated (and zeroed) whole at start-up. Without --max-len it may take this share of
-# the memory free then; the rest stays for activations, the compiler and other processes on the machine.
-POOL_MEMORY_SHARE = 0.5
-SLOT_LEN_GRAIN = 256  # a fitted slot length is rounded down to a multiple of this
-
-
-def checkpoint_positions(path: str | os.PathLike) -> int | None:
-    """The longest sequence the checkpoint's config says the model holds (its max_position_embeddings)."""
-    from assay.models import registry
-    from assay.models.hf_checkpoint import checkpoint_dir, read_hf_config
-
-    config = read_hf_config(checkpoint_dir(path))
-    spec = registry.find(config.get("model_type"))
-    positions = getattr(spec.args_from_hf(config), "max_seq_len", None) if spec is not None else None
-    return int(positions) if positions else None
-
-
-def fitted_slot_len(adapter: ModelAdapter, config: EngineConfig, device: torch.device) -> int:
-    """The KV slot length without --max-len: config.slot_len() (already capped at the model's positions),
-    shortened to what max_seqs + 1 slots can hold in POOL_MEMORY_SHARE of the free memory."""
-    wanted = min(config.slot_len(), adapter.max_positions() or config.slot_len())
-    free = free_memory_bytes(device)
-    if free is None:
-        return wanted
-    per_position = adapter.state_bytes_per_sequence(state_dtype(config.state_dtype), 1)
-    fits = int(POOL_MEMORY_SHARE * free) // ((config.max_seqs + 1) * per_position)
-    if fits >= wanted:
-        return wanted
-    fitted = fits // SLOT_LEN_GRAIN * SLOT_LEN_GRAIN
-    if fitted < SLOT_LEN_GRAIN:
-        raise AssayError(
-            f"{config.max_seqs} slots of a KV cache ({per_position} bytes per position each) leave under {SLOT_LEN_GRAIN} positions "
-            f"per slot in half of the {free / 2**30:.1f} GiB free: lower --max-seqs"
-        )
-    return fitted
-
-
-def _check_pool_fits(adapter: ModelAdapter, config: EngineConfig, dtype: torch.dtype, max_len: int, device: torch.device) -> None:
-    """A pool larger than the free memory fails here with its size, not later as an out-of-memory kill."""
-    free = free_memory_bytes(device)
-    need = adapter.state_bytes_per_sequence(dtype, max_len) * (config.max_seqs + 1)
-    if free is not None and need > free:
-        raise AssayError(
-            f"the slot pool needs {need / 2**30:.1f} GiB ({config.max_seqs} slots + 1 scratch x {max_len} positions) but "
-            f"{device.type} has {free / 2**30:.1f} GiB free: lower --max-seqs or --max-len"
-        )
-
-
-def _fresh_function(fn):
-    """A copy of `fn` with its own code object. Dynamo keeps compiled graphs per code object, so each
-    engine gets its own cache: its compile count starts at zero and two engines in one process (tests,
-    the benchmark's modes) never share or evict each other's graphs."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
-def _decode_call(adapter: ModelAdapter, tokens, slot_ids, positions, buffers):
-    # tokens: [W, 1]; slot_ids, positions: [W] -> logits [W, vocab]
-    return adapter.decode(tokens, slot_ids, positions, buffers)
+_Request = EngineRequest  # the name before intake.py
 
 
 class Engine:
@@ -179,7 +62,7 @@ class Engine:
         self._tokenizer = None
         dtype = state_dtype(config.state_dtype)
         max_len = config.slot_len()
-        _check_pool_fits(adapter, config, dtype, max_len, self.device)
+        check_pool_fits(adapter, config, dtype, max_len, self.device)
         self.pool = SlotPool(adapter.pool_buffers(config.max_seqs + 1, dtype, max_len), config.max_seqs)
         self._max_len = max_len if adapter.uses_max_len() else None
 
@@ -188,17 +71,12 @@ class Engine:
         self._aborts: set[str] = set()
         self._live_ids: set[str] = set()  # waiting or running
         self._running: dict[str, _Request] = {}
+        # Choices 1..n-1 of an admitted request whose prefill has not finished: their slots are taken; they
+        # run once the prefill is copied into them.
+        self._pending_forks: dict[str, _Request] = {}
         self._step_count = 0
 
-        self.compile_stats = CompileStats()
-        if config.eager:
-            self._decode = adapter.decode
-        else:
-            # dynamic=False: every width is its own static graph, the behaviour the reference system measured.
-            self._decode = compile_fn(_fresh_function(_decode_call), self.backend, self.compile_stats, dynamic=False)
-        # Without buckets every running count up to max_seqs may be a new graph; dynamo's default limit (8
-        # per function) would silently fall back to eager past it.
-        self._recompile_limit = max(64, config.max_seqs + 8)
+        self._decoder = CompiledDecode(adapter, self.backend, config.max_seqs, self.device)
 
         kv = adapter.kv_reference()
         memory = MemoryFacts(
@@ -219,7 +97,7 @@ class Engine:
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, config: EngineConfig) -> Engine:
-        """GLA or Qwen3, by config.json's model_type; the checkpoint's own tokenizer."""
+        """The adapter of the architecture registry's entry for config.json's model_type; the checkpoint's own tokenizer."""
         config.validate()
         device = resolve_device(config.device)
         if config.max_len is not None:
@@ -254,31 +132,10 @@ class Engine:
         return self._tokenizer
 
     # ---------------------------------------------------------------- compile
-    def _call_decode(self, tokens, slot_ids, positions):
-        if self.config.eager:
-            return self._decode(tokens, slot_ids, positions, self.pool.buffers)
-        with torch._dynamo.config.patch(
-            recompile_limit=self._recompile_limit, accumulated_recompile_limit=max(256, 4 * self._recompile_limit)
-        ):
-            return self._decode(self.adapter, tokens, slot_ids, positions, self.pool.buffers)
-
-    def _timed_decode(self, tokens, slot_ids, positions) -> tuple[torch.Tensor, bool, float, float]:
-        """(logits, compiled?, compile_s, step_s) of one decode call."""
-        from torch._dynamo.utils import compilation_time_metrics
-
-        graphs_before = self.compile_stats.graphs
-        compile_before = sum(compilation_time_metrics.get("_compile.compile_inner", []))
-        synchronize(self.device)
-        start = now()
-        with torch.no_grad(), watch(self.compile_stats):
-            logits = self._call_decode(tokens, slot_ids, positions)
-        synchronize(self.device)
-        step_s = now() - start
-        compiled = self.compile_stats.graphs > graphs_before
-        compile_s = 0.0
-        if compiled:  # dynamo's own timer; clamped to the step, which contains it
-            compile_s = min(max(0.0, sum(compilation_time_metrics.get("_compile.compile_inner", [])) - compile_before), step_s)
-        return logits, compiled, compile_s, step_s
+    @property
+    def compile_stats(self):
+        """Graphs compiled by this engine's decode step (warm-up included)."""
+        return self._decoder.compile_stats
 
     def warm_up(self) -> None:
         """Compile every bucket width now (padding rows only: the scratch slot), so serving never waits on the
@@ -287,54 +144,35 @@ class Engine:
             return
         widths = warm_up_widths(self.config.buckets, self.config.max_seqs)
         start = now()
-        graphs_before = self.compile_stats.graphs
-        for width in widths:
-            tokens = torch.zeros(width, 1, dtype=torch.int64, device=self.device)
-            slot_ids = torch.full((width,), self.pool.scratch_slot, dtype=torch.int64, device=self.device)
-            positions = torch.zeros(width, dtype=torch.int64, device=self.device)
-            self._timed_decode(tokens, slot_ids, positions)
+        compiles = self._decoder.warm_up(widths, self.pool.scratch_slot, self.pool.buffers)
         self._stats.warmup_widths = widths
-        self._stats.warmup_compiles += self.compile_stats.graphs - graphs_before
+        self._stats.warmup_compiles += compiles
         self._stats.warmup_s += now() - start
 
     # ---------------------------------------------------------------- requests
     def add_request(
         self, request_id: str, prompt_tokens: list[int], max_tokens: int, temperature: float = 0.0,
-        seed: int | None = None, stop_token_ids: tuple[int, ...] = (),
+        seed: int | None = None, stop_token_ids: tuple[int, ...] = (), *, top_p: float = 1.0, top_k: int = 0, n: int = 1,
+        logprobs: int | None = None, prompt_logprobs: int | None = None,
     ) -> None:
+        """Queue a prompt. n > 1: n choices (ids choice_ids(request_id, n)), prefilled once and copied into n
+        slots, choice j sampling with seed + j. logprobs / prompt_logprobs: the chosen tokens' (each event's
+        logprob) and the prompt's own (the first event's prompt_logprobs), with that many alternatives."""
         config = self.config
-        prompt = [int(t) for t in prompt_tokens]
-        if not prompt:
-            raise AssayError("the prompt is empty: at least one token is needed")
-        if len(prompt) > config.max_prompt_tokens:
-            raise AssayError(f"the prompt has {len(prompt)} tokens; this server accepts at most {config.max_prompt_tokens}")
-        vocab = self.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt):
-            raise AssayError(f"prompt token ids must be in [0, {vocab})")
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= config.max_new_tokens:
-            raise AssayError(f"max_tokens must be an integer in [1, {config.max_new_tokens}], got {max_tokens!r}")
-        if self._max_len is not None and len(prompt) + max_tokens > self._max_len:
-            raise AssayError(
-                f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the {self._max_len} positions of a KV-cache slot"
-            )
-        try:
-            temperature = float(temperature)
-        except (TypeError, ValueError):
-            raise AssayError(f"temperature must be a number, got {temperature!r}") from None
-        if not 0.0 <= temperature < float("inf"):
-            raise AssayError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        generator = None
-        if temperature > 0:
-            generator = torch.Generator(device="cpu").manual_seed(seed if seed is not None else random.getrandbits(63))
-        request = _Request(request_id, prompt, max_tokens, float(temperature), generator, frozenset(int(t) for t in stop_token_ids))
+        request = new_request(
+            config, self.vocab_size, self._max_len, request_id, prompt_tokens, max_tokens, temperature=temperature, seed=seed,
+            stop_token_ids=stop_token_ids, top_p=top_p, top_k=top_k, n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+        )
+        members = [request, *request.forks]
         with self._lock:
-            if request_id in self._live_ids:
+            if any(m.request_id in self._live_ids for m in members):
                 raise AssayError(f"request id {request_id!r} is already in use")
             if len(self._waiting) >= config.max_waiting:
                 raise QueueFull(f"the waiting queue is full ({config.max_waiting} requests); retry later")
             self._waiting.append(request)
-            self._live_ids.add(request_id)
-            self._stats.request_added(request_id, now())
+            for member in members:
+                self._live_ids.add(member.request_id)
+                self._stats.request_added(member.request_id, now())
 
     def abort(self, request_id: str) -> None:
         """Stop a waiting or running request; its slot is freed and an "abort" event emitted at the next step."""
@@ -370,19 +208,25 @@ class Engine:
             if aborts:
                 kept = deque()
                 for request in self._waiting:
-                    if request.request_id in aborts:
-                        events.append(self._finish(request, "abort", token_id=-1))
-                    else:
-                        kept.append(request)
+                    # A waiting request's choices leave one by one; the first that stays carries the others.
+                    members = [request, *request.forks]
+                    staying = [m for m in members if m.request_id not in aborts]
+                    events += [self._finish(m, "abort", token_id=-1) for m in members if m.request_id in aborts]
+                    if staying:
+                        staying[0].forks = staying[1:]
+                        kept.append(staying[0])
                 self._waiting = kept
-            for request_id in [r for r in aborts if r in self._running]:
-                events.append(self._finish(self._running[request_id], "abort", token_id=-1))
+            for request_id in [r for r in aborts if r in self._running or r in self._pending_forks]:
+                events.append(self._finish(self._running.get(request_id) or self._pending_forks[request_id], "abort", token_id=-1))
             admitted = self._admissions()
             for request in admitted:
                 request.slot = self.pool.allocate()
                 self._running[request.request_id] = request
+                for fork in request.forks:
+                    fork.slot = self.pool.allocate()
+                    self._pending_forks[fork.request_id] = fork
         for request in admitted:
-            events.append(self._prefill(request))
+            events += self._prefill(request)
         if self._running:
             events += self._decode_step()
         return events
@@ -392,29 +236,52 @@ class Engine:
         admitted: list[_Request] = []
         budget = self.config.max_prefill_tokens
         prompt_tokens = 0
-        while self._waiting and len(admitted) < self.pool.num_free:
+        slots = 0
+        while self._waiting and slots + 1 + len(self._waiting[0].forks) <= self.pool.num_free:
             size = len(self._waiting[0].prompt)
             if budget is not None and admitted and prompt_tokens + size > budget:
                 break
             admitted.append(self._waiting.popleft())
+            slots += 1 + len(admitted[-1].forks)
             prompt_tokens += size
         return admitted
 
-    def _prefill(self, request: _Request) -> TokenEvent:
+    def _prefill(self, request: _Request) -> list[TokenEvent]:
         # Eager, one prompt at a time: prompt lengths vary, and a compiled prefill would either recompile per
         # length or need dynamic shapes; its time counts toward time to first token, never decode time.
         tokens = torch.tensor([request.prompt], dtype=torch.int64, device=self.device)
         synchronize(self.device)
         start = now()
         with torch.no_grad():
-            logits = self.adapter.prefill(tokens, request.slot, self.pool.buffers)
+            logits = self.adapter.prefill(tokens, request.slot, self.pool.buffers, all_logits=request.prompt_logprobs is not None)
         synchronize(self.device)
         with self._lock:
             self._stats.prefills += 1
             self._stats.prefill_s += now() - start
         request.next_position = len(request.prompt)
-        token = self._sample(logits[None], [request])[0]
-        return self._emit(request, token)
+        if request.prompt_logprobs is None:
+            return self._first_tokens(request, logits)
+        return self._first_tokens(request, logits[-1], prompt_logprobs(logits, request.prompt, request.prompt_logprobs))
+
+    def _first_tokens(self, request: _Request, logits: torch.Tensor, prompt_entries=None) -> list[TokenEvent]:
+        """A prefilled request's first token, and its other choices': their slots get a copy of its state
+        and each samples from the same last logits [vocab] with its own generator."""
+        with self._lock:
+            forks = [fork for fork in request.forks if self._pending_forks.pop(fork.request_id, None) is not None]
+            if forks:
+                self.pool.copy_slot(request.slot, [fork.slot for fork in forks])
+            for fork in forks:
+                fork.next_position = request.next_position
+                self._running[fork.request_id] = fork
+        members = [request, *forks]
+        rows = logits[None].expand(len(members), -1)
+        tokens = self._sample(rows, members)
+        logprobs = token_logprobs(rows, tokens, [m.sampling for m in members])
+        events = [self._emit(member, token, logprob) for member, token, logprob in zip(members, tokens, logprobs)]
+        if prompt_entries is not None:
+            for event in events:
+                event.prompt_logprobs = prompt_entries
+        return events
 
     def _decode_step(self) -> list[TokenEvent]:
         running = list(self._running.values())
@@ -427,7 +294,7 @@ class Engine:
         reference_rows = None
         if self._stats.eager_check is not None:
             reference_rows = [buffer.index_select(0, slot_ids).clone() for buffer in self.pool.buffers]
-        logits, compiled, compile_s, step_s = self._timed_decode(tokens, slot_ids, positions)
+        logits, compiled, compile_s, step_s = self._decoder.timed(tokens, slot_ids, positions, self.pool.buffers)
         self._step_count += 1
         with self._lock:
             self._stats.add_step(StepRecord(self._step_count, width, len(running), compiled, compile_s, step_s))
@@ -437,7 +304,8 @@ class Engine:
         for request in running:
             request.next_position += 1
         next_tokens = self._sample(real_logits, running)
-        return [self._emit(request, token) for request, token in zip(running, next_tokens)]
+        logprobs = token_logprobs(real_logits, next_tokens, [request.sampling for request in running])
+        return [self._emit(request, token, logprob) for request, token, logprob in zip(running, next_tokens, logprobs)]
 
     def _check_eager(self, logits, tokens, positions, rows, n_real) -> None:
         # The same inputs through the uncompiled model, on a private copy of the gathered rows (row i <- slot_ids[i]).
@@ -447,17 +315,15 @@ class Engine:
         self._stats.eager_check.add(max_abs_diff(logits, reference), rel_error(logits, reference))
 
     def _sample(self, logits: torch.Tensor, requests: list[_Request]) -> list[int]:
-        # logits: [N, vocab]. Greedy rows in one argmax; sampled rows each with their own seeded generator,
-        # outside the compiled graph so a seed gives the same tokens compiled or eager.
-        logits = logits.float().cpu()
-        tokens = logits.argmax(-1).tolist()
-        for row, request in enumerate(requests):
-            if request.temperature > 0:
-                probs = torch.softmax(logits[row] / request.temperature, dim=-1)
-                tokens[row] = int(torch.multinomial(probs, 1, generator=request.generator).item())
-        return tokens
+        # logits: [N, vocab] -> one token per request
+        return sample_tokens(logits, [request.sampling for request in requests])
 
-    def _emit(self, request: _Request, token: int) -> TokenEvent:
+    def _emit(self, request: _Request, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
+        event = self._advance(request, token)
+        event.logprob = logprob
+        return event
+
+    def _advance(self, request: _Request, token: int) -> TokenEvent:
         index = len(request.generated)
         request.generated.append(token)
         request.last_token = token
@@ -472,7 +338,8 @@ class Engine:
 
     def _finish(self, request: _Request, reason: str, token_id: int, index: int | None = None) -> TokenEvent:
         """Called with the lock held: the request leaves the live set and gives its slot back."""
-        if request.slot >= 0 and self._running.pop(request.request_id, None) is not None:
+        held = self._running.pop(request.request_id, None) is not None or self._pending_forks.pop(request.request_id, None) is not None
+        if request.slot >= 0 and held:
             self.pool.release(request.slot)
             request.slot = -1
         self._live_ids.discard(request.request_id)
@@ -521,4 +388,7 @@ def run_to_completion(engine: Engine, max_steps: int = 1_000_000) -> dict[str, l
     raise RuntimeError(f"requests still unfinished after {max_steps} steps")
 
 
-__all__ = ["Engine", "EngineConfig", "QueueFull", "TokenEvent", "run_to_completion"]
+__all__ = [
+    "POOL_MEMORY_SHARE", "SLOT_LEN_GRAIN", "Engine", "EngineConfig", "QueueFull", "TokenEvent", "_check_pool_fits",
+    "_fresh_function", "checkpoint_positions", "choice_ids", "fitted_slot_len", "run_to_completion",
+]

@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import Any, Callable
 
-from assay.serve.engine import Engine, TokenEvent
+from assay.serve.engine import Engine, TokenEvent, choice_ids
 
 log = logging.getLogger("assay.serve")
 
@@ -48,15 +48,19 @@ class EngineLoop:
             self._thread.join(timeout)
 
     def submit(self, request_id: str, listener: Callable, **request: Any) -> None:
-        """Register the listener, then add the request (AssayError / QueueFull propagate, nothing stays registered)."""
+        """Register the listener for each of the request's choices (n), then add the request (AssayError /
+        QueueFull propagate, nothing stays registered)."""
         if not self.alive:
             raise EngineFailed("the engine is not running")
+        ids = choice_ids(request_id, request.get("n", 1))
         with self._lock:
-            self._listeners[request_id] = listener
+            for choice_id in ids:
+                self._listeners[choice_id] = listener
         try:
             self.engine.add_request(request_id, **request)
         except BaseException:
-            self.forget(request_id)
+            for choice_id in ids:
+                self.forget(choice_id)
             raise
         self._wake.set()
 

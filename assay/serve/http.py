@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP API over the engine: /v1/completions (streaming or not), /v1/models,
-/health and /metrics (Prometheus).
+"""The OpenAI-compatible HTTP API over the engine: /v1/completions and /v1/chat/completions (streaming
+or not), /v1/models, /health and /metrics (Prometheus).
 
     engine = Engine.from_checkpoint("zoo/gla", EngineConfig(...)); engine.warm_up()
     app = create_app(engine, model_name="gla")     # FastAPI; its lifespan starts and stops the engine loop
@@ -11,11 +11,18 @@ over with engine.add_request / engine.abort (both thread-safe) and gets tokens b
 which the engine thread puts on each request's asyncio.Queue with call_soon_threadsafe.
 
 The parts, one concern each:
-  engine_loop.py  the engine thread
-  protocol.py     request schema, incremental detokenizer, the one builder of completion bodies, errors
-  metrics.py      prometheus_client metrics (TTFT/TPOT histograms as vLLM exposes them)
-  routes.py       the FastAPI app and its routes
-  server.py       uvicorn on a listening socket; `assay serve`'s start-up
+  engine_loop.py         the engine thread
+  protocol.py            request schemas, the field policy (nothing silently ignored), body parsing
+  detokenize.py          the incremental detokenizer (stop strings, held-back partial characters)
+  responses.py           the response bodies of both routes and their log-probability formats
+  middleware.py          the door: API key (401), request size (413), the X-Assay-Server header
+  generation.py          one request's prompts and choices through the engine, disconnects, settling
+  frontend.py            what the routes share: limits checked before any work, errors, streaming
+  routes_completions.py  /v1/completions (batches, n, echo, logprobs)
+  routes_chat.py         /v1/chat/completions (the model's chat template)
+  routes.py              the FastAPI app
+  metrics.py             prometheus_client metrics (TTFT/TPOT histograms as vLLM exposes them), sums over replicas
+  server.py              uvicorn on a listening socket; `assay serve`'s start-up
 This module is their public face.
 """
 
@@ -23,11 +30,11 @@ from __future__ import annotations
 
 from assay.serve.engine_loop import EngineFailed, EngineLoop
 from assay.serve.metrics import ServerMetrics
-from assay.serve.protocol import CompletionRequest, IncrementalText
+from assay.serve.protocol import ChatCompletionRequest, CompletionRequest, IncrementalText
 from assay.serve.routes import create_app
 from assay.serve.server import ServerHandle, bind_socket, server_url, start_in_thread, uvicorn_server
 
 __all__ = [
-    "CompletionRequest", "EngineFailed", "EngineLoop", "IncrementalText", "ServerHandle", "ServerMetrics", "bind_socket",
+    "ChatCompletionRequest", "CompletionRequest", "EngineFailed", "EngineLoop", "IncrementalText", "ServerHandle", "ServerMetrics", "bind_socket",
     "create_app", "server_url", "start_in_thread", "uvicorn_server",
 ]

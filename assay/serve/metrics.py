@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from assay.serve.engine import Engine
 
-# Outcomes counted in assay_requests_total{outcome=...}: the three finish reasons, and the refusals.
-OUTCOMES = ("length", "stop", "abort", "rejected_queue_full", "rejected_invalid", "error")
+# Outcomes counted in assay_requests_total{outcome=...}: the three finish reasons (one per choice: a batch
+# of prompts, each with n choices, counts each), and the refusals (one per HTTP request).
+OUTCOMES = ("length", "stop", "abort", "rejected_queue_full", "rejected_invalid", "rejected_too_large", "rejected_unauthorized",
+            "error")
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards built for vLLM read these the same way.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                 80.0, 160.0, 640.0, 2560.0)
@@ -59,11 +61,11 @@ class ServerMetrics:
         # No *_created series: vLLM turns them off too; they double every counter's lines for a timestamp.
         prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter("assay_requests", "HTTP completion requests by outcome (finish reason or refusal).", ["outcome"],
+        self.requests = Counter("assay_requests", "Choices by finish reason, and HTTP requests refused, by outcome.", ["outcome"],
                                 registry=self.registry)
         for outcome in OUTCOMES:
             self.requests.labels(outcome)  # every outcome is exposed from the start, at 0
-        self.prompt_tokens = Counter("assay_prompt_tokens", "Prompt tokens of the requests that were answered.", registry=self.registry)
+        self.prompt_tokens = Counter("assay_prompt_tokens", "Prompt tokens of the requests the engine accepted.", registry=self.registry)
         self.ttft = Histogram("assay_ttft_seconds", "Time to first token: request added -> first token (queueing + prefill).",
                               buckets=TTFT_BUCKETS, registry=self.registry)
         self.tpot = Histogram("assay_tpot_seconds", "Time per output token after the first, per request.", buckets=TPOT_BUCKETS,
@@ -71,10 +73,50 @@ class ServerMetrics:
         self.registry.register(_EngineCollector(engine))
         engine.observe_latencies(self.ttft.observe, self.tpot.observe)
 
-    def count(self, outcome: str, prompt_tokens: int = 0) -> None:
+    def count(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
-        if prompt_tokens:
-            self.prompt_tokens.inc(prompt_tokens)
+
+    def count_prompt_tokens(self, tokens: int) -> None:
+        self.prompt_tokens.inc(tokens)
 
     def render(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)
+
+    def snapshot(self) -> Snapshot:
+        """Every sample now, as plain data (what a Ray Serve replica sends for the sum over replicas)."""
+        return [(family.name, family.documentation, family.type, [(s.name, dict(s.labels), s.value) for s in family.samples])
+                for family in self.registry.collect()]
+
+
+# [(family, help, type, [(sample name, labels, value)])]: picklable, a few dozen numbers.
+Snapshot = list[tuple[str, str, str, list[tuple[str, dict, float]]]]
+# Gauges that describe each replica alike: the sum keeps one value, not their total.
+SAME_ON_EVERY_REPLICA = frozenset({"assay_state_bytes_per_sequence"})
+
+
+class _Merged:
+    def __init__(self, snapshots: list[Snapshot]):
+        self.snapshots = snapshots
+
+    def collect(self):
+        families: dict[str, tuple[str, str, dict]] = {}
+        for snapshot in self.snapshots:
+            for name, documentation, kind, samples in snapshot:
+                _, _, values = families.setdefault(name, (documentation, kind, {}))
+                for sample, labels, value in samples:
+                    key = (sample, tuple(sorted(labels.items())))
+                    combine = max if name in SAME_ON_EVERY_REPLICA else (lambda a, b: a + b)
+                    values[key] = combine(values[key], value) if key in values else value
+        for name, (documentation, kind, values) in families.items():
+            metric = Metric(name, documentation, kind)
+            for (sample, labels), value in values.items():
+                metric.add_sample(sample, dict(labels), value)
+            yield metric
+        yield GaugeMetricFamily("assay_replicas", "Replicas whose metrics are summed here (Ray Serve).", value=len(self.snapshots))
+
+
+def render_sum(snapshots: list[Snapshot]) -> bytes:
+    """The Prometheus text of several servers' snapshots summed: counters, histograms and pool gauges add up."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(snapshots))
+    return prometheus_client.generate_latest(registry)

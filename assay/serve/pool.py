@@ -80,6 +80,16 @@ class SlotPool:
         self._used.remove(slot)
         self._free.append(slot)
 
+    def copy_slot(self, source: int, targets: list[int]) -> None:
+        """Copy row `source` of every buffer into rows `targets` (n choices of one prompt: prefilled once, then
+        copied). Generic over buffers: a GLA's states and conv windows, a KV cache's keys and values alike."""
+        if not targets:
+            return
+        index = torch.tensor(targets, dtype=torch.int64, device=self.buffers[0].device)
+        for buffer in self.buffers:
+            row = buffer[source].clone()  # the source row must not alias what is written
+            buffer.index_copy_(0, index, row.unsqueeze(0).expand(len(targets), *row.shape))
+
     def bytes_per_slot(self) -> int:
         return sum(buffer[0].numel() * buffer.element_size() for buffer in self.buffers)
 

@@ -1,116 +1,248 @@
-"""The wire format of /v1/completions (OpenAI's, with vLLM's extensions and error shapes): the request
-schema, the incremental detokenizer, and the one builder of response bodies, streamed or not.
+"""The wire format of /v1/completions and /v1/chat/completions (OpenAI's, with vLLM's extensions): the
+request schemas, the field policy (nothing silently ignored), and body parsing.
 
-vLLM is the reference: errors are {"error": {"message", "type", "param", "code"}}; a body of the wrong
-shape or out-of-range fields is 422 with one readable line per problem, malformed JSON is 400.
+vLLM is the reference: errors are {"error": {"message", "type", "param", "code"}} with one readable line.
+The status follows the problem:
+  400  the body is not UTF-8 JSON, or names a field this server does not implement (unknown to OpenAI, or
+       OpenAI's but not implemented here, e.g. best_of, logit_bias, tools): the message names the field;
+  422  a field of the wrong type or out of range (strict: "8" is not a number of tokens).
+A field OpenAI defines whose value asks for nothing (presence_penalty 0, logit_bias {}, tools [] ...) is
+accepted: it changes nothing, so nothing is dropped.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Optional, Union
+from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-SSE_DONE = "data: [DONE]\n\n"
+from assay.serve.detokenize import IncrementalText  # noqa: F401 (importable from here, as before)
+
+# vLLM's default --max-logprobs: alternatives per token a request may ask for.
+MAX_LOGPROBS = 20
+# torch.Generator.manual_seed takes any integer in [-2**63, 2**64).
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP status, one readable line, the field it is about (or None)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
+    # OpenAI's: usage on every chunk (null until the last). Not implemented; only false is accepted.
+    continuous_usage_stats: Literal[False] = False
 
 
-class CompletionRequest(BaseModel):
-    """The fields of OpenAI's /v1/completions this server honours; other fields are ignored."""
+class _Sampling(BaseModel):
+    """The fields both routes share: what to generate and how to choose each token."""
 
     # strict: "16" is not a number of tokens and 1.0 is not a token id; a client that sends them has a bug.
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: Optional[str] = None
-    prompt: Union[str, list[int]]
-    max_tokens: int = Field(16, ge=1)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
-    seed: Optional[int] = None
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=-1)  # vLLM's extension; 0 and -1 mean every token
+    seed: Optional[int] = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    n: int = Field(1, ge=1)
     stop: Optional[Union[str, list[str]]] = None
-    n: int = Field(1, ge=1, le=1)
     # vLLM's extensions: extra stop token ids, and generating past the end-of-text token.
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
+    # OpenAI's end-user identifier: metadata for the caller's own records; it asks nothing of generation.
+    user: Optional[str] = None
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-class IncrementalText:
-    """Token ids in, text deltas out; stop strings cut the text (and are not part of it), as in vLLM.
+class CompletionRequest(_Sampling):
+    """POST /v1/completions. prompt: a string, a list of strings, a list of token ids or a list of such lists."""
 
-    The whole text is re-decoded each token (byte-level BPE: a character may span tokens), a trailing
-    incomplete character is held back, and so are the last len(longest stop) - 1 characters, which
-    could still turn into a stop string.
-    """
-
-    def __init__(self, tokenizer, stop: list[str]):
-        self.tokenizer = tokenizer
-        self.stop = [s for s in stop if s]
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.ids: list[int] = []
-        self.sent = 0  # characters of the text already handed out
-        self.text = ""
-
-    def add(self, token_id: int) -> tuple[str, bool]:
-        """(new text to send, whether a stop string ended the text)."""
-        self.ids.append(token_id)
-        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cut = min((i for i in (self.text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            self.text = self.text[:cut]
-            return self._take(max(cut, self.sent)), True
-        stable = len(self.text.rstrip("\ufffd"))
-        return self._take(max(self.sent, stable - self.hold)), False
-
-    def flush(self) -> str:
-        """The held-back rest, once the request finished without a stop string."""
-        return self._take(len(self.text))
-
-    def _take(self, end: int) -> str:
-        delta = self.text[self.sent:end]
-        self.sent = max(self.sent, end)
-        return delta
+    prompt: Any  # its four shapes are checked by completion_prompts(), with one message for all of them
+    max_tokens: int = Field(16, ge=1)
+    echo: bool = False
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
-def completion_body(request_id: str, created: int, model: str, text: str | None, finish_reason: str | None = None,
-                    usage: dict | None = None) -> dict:
-    """A text_completion object: the whole answer, one streamed chunk, or (text None) the usage-only last chunk."""
-    choices = [] if text is None else [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
-    body = {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": choices}
-    if usage is not None:
-        body["usage"] = usage
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "user", "assistant"]
+    content: Union[str, list[TextPart]]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions: the prompt is the model's own chat template over the messages."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=1)  # deprecated by OpenAI in favour of max_completion_tokens
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def _off(*values, hint: str):
+    """(a predicate: the value is one of those that ask for nothing, what to send instead)."""
+    return (lambda value, _body: any(value == v and type(value) is type(v) for v in values), hint)
+
+
+def _empty(hint: str):
+    return (lambda value, _body: value is None or value == {} or value == [], hint)
+
+
+# OpenAI fields this server does not implement, accepted only with a value that asks for nothing.
+_SHARED_OFF = {
+    "frequency_penalty": _off(None, 0, 0.0, hint="0"),
+    "presence_penalty": _off(None, 0, 0.0, hint="0"),
+    "logit_bias": _empty("{}"),
+}
+COMPLETION_OFF = _SHARED_OFF | {
+    "suffix": _off(None, "", hint='""'),
+    # best_of == n asks for no extra candidates to rank.
+    "best_of": (lambda value, body: value is None or (type(value) is int and value == body.get("n", 1)), "equal to n"),
+}
+CHAT_OFF = _SHARED_OFF | {
+    "tools": _empty("[]"),
+    "functions": _empty("[]"),
+    "tool_choice": _off(None, "none", hint='"none"'),
+    "function_call": _off(None, "none", hint='"none"'),
+    "parallel_tool_calls": _off(None, hint="null"),
+    "response_format": (lambda value, _body: value is None or value == {"type": "text"}, '{"type": "text"}'),
+    "modalities": (lambda value, _body: value is None or value == ["text"], '["text"]'),
+    "audio": _off(None, hint="null"),
+    "prediction": _off(None, hint="null"),
+    "reasoning_effort": _off(None, hint="null"),
+    "store": _off(None, False, hint="false"),
+    "metadata": _empty("{}"),
+    "service_tier": _off(None, "auto", "default", hint='"auto"'),
+    "web_search_options": _off(None, hint="null"),
+}
+
+
+def _check_fields(body: dict, schema: type[_Sampling], off: dict) -> dict:
+    """The body without the fields that ask for nothing; a 400 naming the first field not implemented."""
+    known = set(schema.model_fields)
+    kept = {}
+    for name, value in body.items():
+        if name in known:
+            kept[name] = value
+        elif name in off:
+            asks_nothing, hint = off[name]
+            if not asks_nothing(value, body):
+                raise RequestError(400, f"{name} is not supported by this server (send it as {hint} or leave it out)", name)
+        else:
+            raise RequestError(400, f"unknown field {name!r}: this server implements {', '.join(sorted(known))}", name)
+    return kept
+
+
+def decode_json(raw: bytes) -> dict:
+    """The body as a JSON object, or a 400 (not UTF-8, not JSON, not an object)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(400, f"the request body is not valid UTF-8: byte {exc.start} ({raw[exc.start:exc.start + 1]!r})") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(400, f"the request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise RequestError(400, "the request body is not valid JSON: nested too deeply") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     return body
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+def parse_completion(raw: bytes) -> CompletionRequest:
+    return _validate(CompletionRequest, _check_fields(decode_json(raw), CompletionRequest, COMPLETION_OFF))
 
 
-def error_body(status: int, message: str, kind: str) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def _check_parts(body: dict) -> None:
+    """Content parts other than text (images, audio, files) are not implemented: a 400 naming the part."""
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise RequestError(400, f"messages.{i}.content.{j}: a part of type {kind!r} is not supported (only text parts)", "messages")
 
 
-def sse(body: dict) -> str:
-    """One server-sent event carrying a JSON body."""
-    return f"data: {json.dumps(body)}\n\n"
+def parse_chat(raw: bytes) -> ChatCompletionRequest:
+    body = decode_json(raw)
+    _check_parts(body)
+    request = _validate(ChatCompletionRequest, _check_fields(body, ChatCompletionRequest, CHAT_OFF))
+    if request.top_logprobs is not None and not request.logprobs:
+        raise RequestError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    return request
 
 
-def validation_message(errors: list[dict]) -> tuple[int, str]:
-    """FastAPI's validation errors as (status, one readable line): 400 for a body that is not JSON, 422 otherwise."""
-    problems = []
+def _validate(schema, body: dict):
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        raise RequestError(*validation_message(exc.errors(include_url=False))) from None
+
+
+def validation_message(errors: list[dict]) -> tuple[int, str, str | None]:
+    """Pydantic's errors as (status, one readable line, the first field): 400 for a field not implemented
+    (inside a message or stream_options), 422 for wrong types and values."""
+    problems, first, status = [], None, 422
     for error in errors:
-        if error.get("type") in ("json_invalid", "json_type"):
-            return 400, f"the request body is not valid JSON: {error.get('ctx', {}).get('error', error.get('msg'))}"
         location = [str(part) for part in error.get("loc", ()) if part != "body"]
-        if location[:1] == ["prompt"] and error.get("type") != "missing":
-            # A union reports one error per branch; what the user needs is the shape that is accepted.
-            problems.append("prompt: expected a string or a list of token ids (integers)")
-            continue
         where = ".".join(location) if location else "body"
+        first = first or (location[0] if location else None)
+        if error.get("type") == "extra_forbidden":
+            status = 400
+            problems.append(f"unknown field {where!r}")
+            continue
+        if location[:1] == ["messages"] and error.get("type") == "literal_error" and location[-1:] == ["role"]:
+            problems.append(f"{where}: the role must be system, user or assistant, got {error.get('input')!r}")
+            continue
+        if location[:1] == ["messages"] and location[2:3] == ["content"]:
+            # A union reports one error per branch; what the user needs is the shape that is accepted.
+            problems.append(f"messages.{location[1]}.content: expected a string or a list of {{\"type\": \"text\", \"text\": ...}} parts")
+            continue
         problems.append(f"{where}: {error.get('msg', 'invalid')}")
     unique = list(dict.fromkeys(problems))
-    return 422, "; ".join(unique) if unique else "invalid request body"
+    return status, "; ".join(unique) if unique else "invalid request body", first
+
+
+_PROMPT_SHAPES = "prompt: expected a string, a list of strings, a list of token ids or a list of lists of token ids"
+
+
+def _is_token_ids(value) -> bool:
+    return isinstance(value, list) and all(type(t) is int for t in value)
+
+
+def completion_prompts(prompt) -> list[str | list[int]]:
+    """OpenAI's four prompt shapes as a list of prompts, each a string or a list of token ids (422 otherwise)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if _is_token_ids(prompt):
+            return [list(prompt)]  # an empty list is one empty prompt: the engine says so
+        if all(isinstance(p, list) for p in prompt) and all(_is_token_ids(p) for p in prompt) and prompt:
+            return [list(p) for p in prompt]
+    raise RequestError(422, _PROMPT_SHAPES, "prompt")

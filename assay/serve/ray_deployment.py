@@ -6,9 +6,10 @@
 One replica per device: each replica is an actor holding one engine (its own slot pool, its own engine
 thread) and asks Ray for one device: a GPU (num_gpus=1), a custom resource named after another device
 type (e.g. {"neuron": 1}), or one CPU core for --device cpu. Each replica's engine answers 429 when its
-own queue is full; Ray's router spreads requests over replicas by their queue lengths. /metrics and
-/health come from whichever replica Ray routes them to (every response carries X-Assay-Server, the
-replica's id). Without --executor ray, `assay serve` stays one process and Ray is never imported.
+own queue is full; Ray's router spreads requests over replicas by their queue lengths. /health comes
+from whichever replica Ray routes it to (every response carries X-Assay-Server, the replica's id);
+/metrics is the sum over every replica (ray_metrics.py). Without --executor ray, `assay serve` stays one
+process and Ray is never imported.
 """
 
 from __future__ import annotations
@@ -62,8 +63,23 @@ class EngineReplica:
         engine.warm_up()
         from ray import serve
 
+        import ray
+
+        from assay.serve import ray_metrics
+
         replica_id = str(serve.get_replica_context().replica_id.unique_id)
-        self._app = create_app(engine, serve_request.served_model_name or os.path.basename(folder), server_id=replica_id)
+        board = ray_metrics.board(ray)
+        self._app = create_app(
+            engine, serve_request.served_model_name or os.path.basename(folder), server_id=replica_id,
+            api_key=serve_request.api_key, max_request_bytes=serve_request.max_request_bytes,
+            metrics_text=lambda: ray_metrics.scrape_all(board),
+        )
+        self._reporter = ray_metrics.start_reporter(ray, board, replica_id, self._app.state.metrics.snapshot)
+
+    def __del__(self):
+        reporter = getattr(self, "_reporter", None)
+        if reporter is not None:
+            reporter.set()
 
     def __serve_build_asgi_app__(self):
         return self._app
@@ -98,8 +114,10 @@ def serve_with_ray(request, replicas: int, announce=print) -> None:
     """Join RAY_ADDRESS (or start a local Ray instance), deploy, announce the URL, wait for SIGINT/SIGTERM,
     then shut Serve down (and the local instance, when this process started it)."""
     ray, serve = _import_serve()
-    from assay.serve.server import engine_config
+    from assay.serve import ray_metrics
+    from assay.serve.server import check_request, engine_config
 
+    check_request(request)
     engine_config(request)  # bad flags fail before Ray starts
     application = build_application(request, replicas)
     # Ray's proxy takes a fixed port; for --port 0 pick a free one now (the proxy binds it a moment later).
@@ -108,8 +126,10 @@ def serve_with_ray(request, replicas: int, announce=print) -> None:
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     stop = threading.Event()
+    board = None
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        board = ray_metrics.board(ray)  # before the replicas, which report to it from their start; kept while serving
         serve.start(http_options={"host": request.host, "port": port}, proxy_location="HeadOnly")
         serve.run(application, name=APP_NAME, route_prefix="/")
         host = f"[{request.host}]" if ":" in request.host else request.host
@@ -121,6 +141,8 @@ def serve_with_ray(request, replicas: int, announce=print) -> None:
             signal.signal(sig, handler)
         try:
             serve.shutdown()
+            if board is not None:
+                ray.kill(board)
         finally:
             if started_here:
                 ray.shutdown()

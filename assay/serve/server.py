@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from assay.core.errors import AssayError
+from assay.serve.middleware import DEFAULT_MAX_REQUEST_BYTES
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class ServeRequest:
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: Optional[str] = None
+    # Every /v1/* route needs `Authorization: Bearer <api_key>` (None: open). Kept out of repr, so out of logs.
+    api_key: Optional[str] = field(default=None, repr=False)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a larger body is 413 before it is parsed
 
 
 def default_buckets(max_seqs: int) -> tuple[int, ...]:
@@ -64,6 +68,16 @@ def engine_config(request: ServeRequest):
     return config
 
 
+def check_request(request: ServeRequest) -> None:
+    """The HTTP flags (engine_config checks the engine's)."""
+    if not 0 <= request.port <= 65535:
+        raise AssayError(f"--port must be in [0, 65535], got {request.port}")
+    if request.max_request_bytes < 1024:
+        raise AssayError(f"--max-request-bytes must be at least 1024, got {request.max_request_bytes}")
+    if request.api_key is not None and (not request.api_key.strip() or any(c.isspace() for c in request.api_key)):
+        raise AssayError("--api-key (or ASSAY_API_KEY) must be a non-empty string without spaces")
+
+
 def _import_routes():
     try:
         import uvicorn  # noqa: F401 (only checked here; uvicorn_server imports it)
@@ -77,8 +91,7 @@ def _import_routes():
 def serve(request: ServeRequest, announce=print) -> None:
     """Load, warm up, listen, announce the URL, serve until SIGINT/SIGTERM, then stop the engine thread."""
     routes = _import_routes()
-    if not 0 <= request.port <= 65535:
-        raise AssayError(f"--port must be in [0, 65535], got {request.port}")
+    check_request(request)
     config = engine_config(request)  # bad flags fail here, before the model loads
     from assay.models.hf_checkpoint import checkpoint_dir
     from assay.serve.engine import Engine
@@ -87,7 +100,7 @@ def serve(request: ServeRequest, announce=print) -> None:
     engine = Engine.from_checkpoint(folder, config)
     engine.warm_up()
     model_name = request.served_model_name or Path(folder).name
-    app = routes.create_app(engine, model_name)
+    app = routes.create_app(engine, model_name, api_key=request.api_key, max_request_bytes=request.max_request_bytes)
     sock = bind_socket(request.host, request.port)
     server = uvicorn_server(app)
     # The socket listens already: a client that connects before uvicorn's loop runs waits in the backlog.

@@ -212,7 +212,7 @@ def _distributed_worker() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from assay.models.qwen3.parallelize import parallelize_qwen3
+    from assay.models.qwen3 import SPEC
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -227,7 +227,7 @@ def _distributed_worker() -> None:
         for dim_names in layouts:
             model = build_qwen3(FLAVOURS[spec_name], seed=0)  # same seed: identical weights on every rank
             mesh = init_device_mesh("cpu", tuple(world // len(dim_names) for _ in dim_names), mesh_dim_names=dim_names)
-            parallelize_qwen3(model, mesh, tp="tp" in dim_names, dp_shard="dp_shard" in dim_names)
+            SPEC.parallelize(model, mesh, tp="tp" in dim_names, dp_shard="dp_shard" in dim_names)
             # Data parallel ranks take their slice of the batch; FSDP averages their gradients.
             dp_rank, dp_size = (mesh["dp_shard"].get_local_rank(), mesh["dp_shard"].size()) if "dp_shard" in dim_names else (0, 1)
             rows = slice(dp_rank * len(tokens) // dp_size, (dp_rank + 1) * len(tokens) // dp_size)

@@ -34,10 +34,17 @@ PROMPT_TEXT = "The quick brown fox jumps over"
 # ---------------------------------------------------------------- helpers
 
 
-def start_server(zoo_dir: Path, model: str = "gla", http: str = "auto", **config):
-    engine = Engine.from_checkpoint(zoo_dir / model, EngineConfig(**({"max_seqs": 4, "eager": True} | config)))
+APP_OPTIONS = ("api_key", "max_request_bytes", "server_id")
+
+
+def start_server(zoo_dir: Path, model: str | Path = "gla", http: str = "auto", **config):
+    """An eager engine over a zoo model (or a checkpoint folder) behind the app, on a thread; config is the
+    engine's, except the app's own options (APP_OPTIONS)."""
+    options = {name: config.pop(name) for name in APP_OPTIONS if name in config}
+    folder = zoo_dir / model if isinstance(model, str) else model
+    engine = Engine.from_checkpoint(folder, EngineConfig(**({"max_seqs": 4, "eager": True} | config)))
     engine.warm_up()
-    return start_in_thread(create_app(engine, model), http=http), engine
+    return start_in_thread(create_app(engine, folder.name, **options), http=http), engine
 
 
 # uvicorn's two HTTP implementations report a disconnect differently (h11: ASGI 2.3, Starlette cancels
@@ -79,9 +86,10 @@ def reference(zoo_dir):
     return reference_engine(zoo_dir)
 
 
-def post(url: str, body, timeout: float = 60.0) -> httpx.Response:
+def post(url: str, body, timeout: float = 60.0, headers: dict | None = None) -> httpx.Response:
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return httpx.post(f"{url}/v1/completions", content=content, headers={"content-type": "application/json"}, timeout=timeout)
+    headers = {"content-type": "application/json"} | (headers or {})
+    return httpx.post(f"{url}/v1/completions", content=content, headers=headers, timeout=timeout)
 
 
 @dataclass
@@ -94,8 +102,8 @@ class Streamed:
     server: str | None = None  # the X-Assay-Server header (set when the app was given a server_id)
 
 
-def stream(url: str, body: dict, timeout: float = 60.0) -> Streamed:
-    with httpx.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}, timeout=timeout) as response:
+def stream(url: str, body: dict, timeout: float = 60.0, headers: dict | None = None) -> Streamed:
+    with httpx.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}, timeout=timeout, headers=headers) as response:
         if response.status_code != 200:
             response.read()
             return Streamed(response.status_code, [], 0, "", [], response.headers.get("x-assay-server"))
@@ -259,18 +267,27 @@ def test_seeded_sampling_is_reproducible(server):
     [
         ('{"prompt": [1, 2', 400, "not valid JSON"),
         ({"max_tokens": 4}, 422, "prompt: Field required"),
-        ({"prompt": [[1, 2]]}, 422, "prompt: expected a string or a list of token ids"),
+        ({"prompt": [[1, "2"]]}, 422, "prompt: expected a string, a list of strings, a list of token ids or a list of lists"),
+        ({"prompt": [1, 2.0]}, 422, "prompt: expected a string, a list of strings"),
+        ({"prompt": ["a", [1]]}, 422, "prompt: expected a string, a list of strings"),
+        ({"prompt": []}, 400, "the prompt is empty"),
         ({"prompt": [1, 2], "max_tokens": "8"}, 422, "max_tokens: Input should be a valid integer"),
         ({"prompt": [1, 2], "max_tokens": 0}, 422, "max_tokens: Input should be greater than or equal to 1"),
         ({"prompt": [1, 2], "temperature": -0.5}, 422, "temperature: Input should be greater than or equal to 0"),
-        ({"prompt": [1, 2], "n": 2}, 422, "n: Input should be less than or equal to 1"),
+        ({"prompt": [1, 2], "n": 0}, 422, "n: Input should be greater than or equal to 1"),
+        ({"prompt": [1, 2], "n": 5}, 400, "n is 5; this server decodes at most 4 sequences at once"),
+        ({"prompt": [1, 2], "top_p": 0}, 422, "top_p: Input should be greater than 0"),
+        ({"prompt": [1, 2], "top_k": -2}, 422, "top_k: Input should be greater than or equal to -1"),
+        ({"prompt": [1, 2], "logprobs": 21}, 422, "logprobs: Input should be less than or equal to 20"),
+        ({"prompt": [1, 2], "seed": 2**64}, 422, "seed: Input should be less than or equal to"),
         ({"prompt": [1, 2, 99999]}, 400, "prompt token ids must be in [0, 1024)"),
         ({"prompt": ""}, 400, "the prompt is empty"),
         ({"prompt": [1, 2], "max_tokens": 5000}, 400, "max_tokens must be an integer in [1, 4096]"),
         ({"prompt": [1, 2], "model": "gpt-4"}, 404, "the model 'gpt-4' does not exist"),
     ],
-    ids=["malformed-json", "no-prompt", "nested-prompt", "string-max-tokens", "zero-max-tokens", "negative-temperature",
-         "n-2", "token-out-of-vocab", "empty-prompt", "too-many-tokens", "unknown-model"],
+    ids=["malformed-json", "no-prompt", "nested-prompt-of-strings", "float-token", "mixed-batch", "empty-list", "string-max-tokens",
+         "zero-max-tokens", "negative-temperature", "n-0", "n-over-slots", "top-p-0", "top-k-2", "logprobs-21", "seed-2-64",
+         "token-out-of-vocab", "empty-prompt", "too-many-tokens", "unknown-model"],
 )
 def test_bad_requests_get_a_clear_error(server, body, status, message):
     response = post(server.url, body)

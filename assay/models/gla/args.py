@@ -17,11 +17,11 @@ and read them back (defaulting to 16), so a spec that changes them is not one fl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from assay.core.errors import AssayError
-from assay.models import spec
+from assay.models.common.args import ModelArgs
 
 HF_MODEL_TYPE = "gla"
 HF_ARCHITECTURE = "GLAForCausalLM"
@@ -33,12 +33,8 @@ def fla_intermediate_size(dim: int, hidden_ratio: int) -> int:
     return 256 * ((size + 256 - 1) // 256)
 
 
-@dataclass(frozen=True)
-class GLAArgs:
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
+@dataclass(frozen=True, kw_only=True)
+class GLAArgs(ModelArgs):
     expand_k: float = 0.5
     expand_v: float = 1.0
     hidden_ratio: int = 4
@@ -47,8 +43,6 @@ class GLAArgs:
     gate_logit_normalizer: float = 16.0
     clamp_min: float | None = None  # lower bound of the log forget gate (None: unbounded)
     use_output_gate: bool = True
-    norm_eps: float = 1e-6
-    tie_embeddings: bool = False
     max_seq_len: int = 2048  # max_position_embeddings: recorded only, GLA has no positional table
     # fla's fused norm+gate kernel names the per-head norm `g_norm_swish_gate` instead of `g_norm`;
     # same math, so here it decides only the key name written on export.
@@ -63,13 +57,18 @@ class GLAArgs:
     conv_size: int = 4
     conv_bias: bool = False
 
+    FAMILY: ClassVar[str] = "GLA"
+    HF_MODEL_TYPES: ClassVar[tuple[str, ...]] = (HF_MODEL_TYPE,)
+    ALIASES: ClassVar[Mapping[str, str]] = {**ModelArgs.ALIASES, "chunk": "chunk_size", "short_conv": "use_short_conv", "conv": "conv_size"}
+    POSITIVE: ClassVar[tuple[str, ...]] = (*ModelArgs.POSITIVE, "gate_low_rank_dim")
+
     def __post_init__(self) -> None:
         if self.hidden_dim == 0 and self.hidden_ratio >= 1:
             object.__setattr__(self, "hidden_dim", fla_intermediate_size(self.dim, self.hidden_ratio))
-        problems = []
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "hidden_dim", "gate_low_rank_dim", "max_seq_len"):
-            if int(getattr(self, name)) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        super().__post_init__()
+
+    def problems(self) -> list[str]:
+        problems = super().problems()
         if self.expand_k <= 0 or self.expand_v <= 0:
             problems.append("expand_k and expand_v must be > 0")
         elif self.n_heads >= 1:
@@ -77,16 +76,15 @@ class GLAArgs:
                 problems.append(f"key_dim = dim x expand_k = {self.key_dim} is not a positive multiple of n_heads={self.n_heads}")
             if self.value_dim < 1 or self.value_dim % self.n_heads:
                 problems.append(f"value_dim = dim x expand_v = {self.value_dim} is not a positive multiple of n_heads={self.n_heads}")
-        if self.gate_logit_normalizer <= 0 or self.norm_eps <= 0:
-            problems.append("gate_logit_normalizer and norm_eps must be > 0")
+        if self.gate_logit_normalizer <= 0:
+            problems.append("gate_logit_normalizer must be > 0")
         if self.clamp_min is not None and self.clamp_min >= 0:
             problems.append(f"clamp_min={self.clamp_min} must be < 0 (it bounds a log forget gate)")
         if self.use_short_conv and self.conv_size < 2:
             problems.append(f"conv_size={self.conv_size} must be >= 2 (a short convolution over at least two tokens)")
         if self.chunk_size < 16 or self.chunk_size > 128 or self.chunk_size % 16:
             problems.append(f"chunk_size={self.chunk_size} must be a multiple of 16 from 16 to 128")
-        if problems:
-            raise AssayError("invalid GLA spec: " + "; ".join(problems))
+        return problems
 
     @property
     def key_dim(self) -> int:  # q and k width over all heads
@@ -111,11 +109,8 @@ class GLAArgs:
     # ---------------------------------------------------------------- fla's config.json
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any] | Any) -> GLAArgs:
-        """From a config.json dict (fla's GLAConfig fields) or a config object with to_dict()."""
-        cfg = dict(config) if isinstance(config, Mapping) else config.to_dict()
-        if cfg.get("model_type") != HF_MODEL_TYPE:
-            raise AssayError(f"config model_type is {cfg.get('model_type')!r}; the native GLA reads 'gla'")
+    def fields_from_hf(cls, cfg: dict[str, Any]) -> dict[str, Any]:
+        """fla's GLAConfig fields (a config.json dict or a config object's to_dict())."""
         unsupported = {
             "use_gv": "a value gate (use_gv)",
             "feature_map": "a feature map on q and k",
@@ -134,31 +129,28 @@ class GLAArgs:
         if cfg.get("num_kv_heads") not in (None, n_heads):
             raise AssayError(f"config has num_kv_heads={cfg['num_kv_heads']} < num_heads={n_heads}; the native GLA has no grouped heads")
         hidden_ratio = cfg.get("hidden_ratio")
-        try:
-            return cls(
-                vocab_size=int(cfg["vocab_size"]),
-                dim=int(cfg["hidden_size"]),
-                n_layers=int(cfg["num_hidden_layers"]),
-                n_heads=n_heads,
-                expand_k=float(cfg.get("expand_k", 0.5)),
-                expand_v=float(cfg.get("expand_v", 1.0)),
-                hidden_ratio=int(hidden_ratio) if hidden_ratio is not None else 4,
-                hidden_dim=int(cfg.get("intermediate_size") or 0),
-                gate_low_rank_dim=int(cfg.get("gate_low_rank_dim") or 16),
-                gate_logit_normalizer=float(cfg.get("gate_logit_normalizer") or 16),
-                clamp_min=None if cfg.get("clamp_min") is None else float(cfg["clamp_min"]),
-                use_output_gate=bool(cfg.get("use_output_gate", True)),
-                # fla renamed rms_norm_eps to norm_eps; the published checkpoints carry one or both.
-                norm_eps=float(cfg.get("norm_eps", cfg.get("rms_norm_eps", 1e-6))),
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
-                fuse_norm=bool(cfg.get("fuse_norm", True)),  # fla's default
-                use_short_conv=bool(cfg.get("use_short_conv", False)),
-                conv_size=int(cfg.get("conv_size") or 4),
-                conv_bias=bool(cfg.get("conv_bias", False)),
-            )
-        except KeyError as missing:
-            raise AssayError(f"config has no {missing.args[0]!r}; it is not a complete GLA config") from None
+        return dict(
+            vocab_size=int(cfg["vocab_size"]),
+            dim=int(cfg["hidden_size"]),
+            n_layers=int(cfg["num_hidden_layers"]),
+            n_heads=n_heads,
+            expand_k=float(cfg.get("expand_k", 0.5)),
+            expand_v=float(cfg.get("expand_v", 1.0)),
+            hidden_ratio=int(hidden_ratio) if hidden_ratio is not None else 4,
+            hidden_dim=int(cfg.get("intermediate_size") or 0),
+            gate_low_rank_dim=int(cfg.get("gate_low_rank_dim") or 16),
+            gate_logit_normalizer=float(cfg.get("gate_logit_normalizer") or 16),
+            clamp_min=None if cfg.get("clamp_min") is None else float(cfg["clamp_min"]),
+            use_output_gate=bool(cfg.get("use_output_gate", True)),
+            # fla renamed rms_norm_eps to norm_eps; the published checkpoints carry one or both.
+            norm_eps=float(cfg.get("norm_eps", cfg.get("rms_norm_eps", 1e-6))),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+            fuse_norm=bool(cfg.get("fuse_norm", True)),  # fla's default
+            use_short_conv=bool(cfg.get("use_short_conv", False)),
+            conv_size=int(cfg.get("conv_size") or 4),
+            conv_bias=bool(cfg.get("conv_bias", False)),
+        )
 
     def to_hf_config(self) -> dict[str, Any]:
         """A config.json dict that fla's GLAConfig / GLAForCausalLM reads."""
@@ -198,38 +190,10 @@ class GLAArgs:
             "use_cache": True,
         }
 
-
-# ---------------------------------------------------------------- overrides from a command line
-
-OVERRIDE_ALIASES: dict[str, str] = {
-    "vocab": "vocab_size",
-    "layers": "n_layers",
-    "heads": "n_heads",
-    "hidden": "hidden_dim",
-    "ffn": "hidden_dim",
-    "eps": "norm_eps",
-    "seq_len": "max_seq_len",
-    "tie": "tie_embeddings",
-    "chunk": "chunk_size",
-    "short_conv": "use_short_conv",
-    "conv": "conv_size",
-}
-_FAMILY = "GLA"
-
-
-def parse_spec_overrides(text: str) -> dict[str, Any]:
-    """ "layers=4,heads=2" -> {"n_layers": 4, "n_heads": 2}; AssayError on a bad item."""
-    return spec.parse_spec_overrides(text, GLAArgs, OVERRIDE_ALIASES, _FAMILY)
-
-
-def apply_spec_overrides(args: GLAArgs, overrides: str | Mapping[str, Any] | None) -> GLAArgs:
-    """`dataclasses.replace` with overrides given as a CLI string or a mapping (aliases allowed).
-
-    A new dim or hidden_ratio without a new hidden_dim re-derives the SwiGLU width by fla's rule.
-    """
-    if not overrides:
-        return args
-    resolved = spec.resolve_spec_overrides(overrides, GLAArgs, OVERRIDE_ALIASES, _FAMILY)
-    if ("dim" in resolved or "hidden_ratio" in resolved) and "hidden_dim" not in resolved:
-        resolved["hidden_dim"] = 0
-    return replace(args, **resolved)
+    @classmethod
+    def resolve_overrides(cls, given: str | Mapping[str, Any]) -> dict[str, Any]:
+        """A new dim or hidden_ratio without a new hidden_dim re-derives the SwiGLU width by fla's rule."""
+        resolved = super().resolve_overrides(given)
+        if ("dim" in resolved or "hidden_ratio" in resolved) and "hidden_dim" not in resolved:
+            resolved["hidden_dim"] = 0
+        return resolved

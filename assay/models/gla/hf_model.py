@@ -26,7 +26,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from assay.models.gla.args import GLAArgs
 from assay.models.gla.hf_config import GLAConfig
 from assay.models.gla.model import GLA
-from assay.models.layers import RMSNorm, ShortConvolution
+from assay.models.common.linear_attention import ShortConvolution
+from assay.models.common.norm import RMSNorm
 
 # fla checkpoint key (regex) -> this class's key. Transformers applies it when loading (key_mapping).
 FLA_KEY_MAPPING = {
@@ -66,7 +67,7 @@ class GLAPreTrainedModel(PreTrainedModel):
             if getattr(module, "bias", None) is not None:
                 module.bias.zero_()
         elif isinstance(module, RMSNorm):
-            module.weight.fill_(1.0)
+            module.reset_parameters()
         elif isinstance(module, ShortConvolution):
             module.reset_parameters()
 
@@ -132,12 +133,7 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
                 # Transformers marks a linear layer as holding history only from its conv-state update;
                 # a GLA layer has no short convolution, so it says so itself.
                 cache.layers[layer_id].has_previous_state[0] = True
-        h = native.norm(h)
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            h = h[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            h = h[:, logits_to_keep]
-        logits = native.output(h)
+        logits = native.logits(native.norm(h), logits_to_keep)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)

@@ -1,5 +1,5 @@
-"""The native GLA causal LM, top to bottom: GatedLinearAttention, Block, GLA (GLAOperator, RMSNorm and the
-SwiGLU MLP are shared layers, assay.models.layers).
+"""The native GLA causal LM, top to bottom: GatedLinearAttention, Block, GLA (GLAOperator, ShortConvolution,
+RMSNorm, the SwiGLU MLP and the root's embedding, head, tie and initialisation are shared: assay.models.common).
 
 Three ways through the same weights:
   forward(tokens) -> logits                         training: every layer through gla_chunk, no state kept
@@ -28,9 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from assay.models.common.counting import ParamCounts, count_parameters
+from assay.models.common.decoder import NativeDecoder
+from assay.models.common.feed_forward import MLP
+from assay.models.common.linear_attention import GLAOperator, ShortConvolution
+from assay.models.common.norm import RMSNorm
 from assay.models.gla.args import GLAArgs
-from assay.models.layers import MLP, GLAOperator, NativeDecoder, ParamCounts, RMSNorm, ShortConvolution
-from assay.models.layers import count_parameters as count_layer_parameters
 
 __all__ = ["GLA", "Block", "GLAOperator", "GatedLinearAttention", "ParamCounts", "State", "count_parameters"]
 
@@ -133,20 +136,14 @@ class Block(nn.Module):
 
 class GLA(NativeDecoder):
     def __init__(self, args: GLAArgs):
-        super().__init__()
-        self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args, layer_id) for layer_id in range(args.n_layers))
-        self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.tie_weights()
+        super().__init__(args, Block)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # tokens: [B, T] -> logits: [B, T, vocab]
-        h = self.tok_embeddings(tokens)
+        h = self.embed(tokens)
         for block in self.layers:
             h, _, _ = block(h)
-        return self.output(self.norm(h))
+        return self.logits(self.norm(h))
 
     def state_shapes(self) -> list[tuple[int, ...]]:
         """Each state tensor's shape without the batch dim: per layer [H, K, V], then per layer [W - 1, 2 K_all + V_all]
@@ -171,25 +168,25 @@ class GLA(NativeDecoder):
 
     def prefill(self, tokens: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
         # tokens: [B, T]; state: as init_state's, or None (a fresh sequence) -> logits [B, T, vocab], state
-        h = self.tok_embeddings(tokens)
+        h = self.embed(tokens)
         recurrent, conv = self._split_state(state)
         new_recurrent, new_conv = [], []
         for block, layer_state, conv_state in zip(self.layers, recurrent, conv):
             h, layer_state, conv_state = block(h, layer_state, output_final_state=True, conv_state=conv_state)
             new_recurrent.append(layer_state)
             new_conv.append(conv_state)
-        return self.output(self.norm(h)), new_recurrent + (new_conv if self.args.use_short_conv else [])
+        return self.logits(self.norm(h)), new_recurrent + (new_conv if self.args.use_short_conv else [])
 
     def decode_step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         # tokens: [B, 1]; state: as init_state's -> logits [B, 1, vocab], the state after these tokens
-        h = self.tok_embeddings(tokens)
+        h = self.embed(tokens)
         recurrent, conv = self._split_state(state)
         new_recurrent, new_conv = [], []
         for block, layer_state, conv_state in zip(self.layers, recurrent, conv):
             h, layer_state, conv_state = block.step(h, layer_state, conv_state)
             new_recurrent.append(layer_state)
             new_conv.append(conv_state)
-        return self.output(self.norm(h)), new_recurrent + (new_conv if self.args.use_short_conv else [])
+        return self.logits(self.norm(h)), new_recurrent + (new_conv if self.args.use_short_conv else [])
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -208,7 +205,3 @@ class GLA(NativeDecoder):
             logits, state = self.decode_step(next_token, state)
         return torch.cat(pieces, dim=1), state
 
-
-def count_parameters(model: GLA) -> ParamCounts:
-    """Parameter counts (works on the meta device, so the 3B spec is counted without allocating it)."""
-    return count_layer_parameters(model)

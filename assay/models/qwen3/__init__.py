@@ -1,4 +1,4 @@
-"""The native Qwen3 (dense and MoE): flavours, and loading from / exporting to Hugging Face checkpoints.
+"""The native Qwen3 (dense and MoE): flavours and its registry entry.
 
     FLAVOURS["4B"]                                   a size, as data
     replace(FLAVOURS["32B"], dim=2560, n_layers=36, n_heads=32, hidden_dim=9728)   the guide's 4B
@@ -8,19 +8,13 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
-import torch
-from torch import nn
-
-from assay.core.errors import AssayError
-from assay.models.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, export_native_model, load_native_checkpoint
-from assay.models.qwen3.args import HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE, Qwen3Args, apply_spec_overrides, parse_spec_overrides
-from assay.models.qwen3.model import ParamCounts, Qwen3, count_parameters
-from assay.models.qwen3.state_dict_adapter import from_hf, to_hf
+from assay.models.common.counting import ParamCounts, count_parameters
+from assay.models.qwen3.args import HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE, Qwen3Args
+from assay.models.qwen3.model import Qwen3
+from assay.models.qwen3.parallelize import tp_plan, tp_sizes
+from assay.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter, from_hf, to_hf
 from assay.models.registry import ArchSpec, register
 from assay.models.serving import KV_CACHE
 
@@ -50,93 +44,27 @@ FLAVOURS: dict[str, Qwen3Args] = {
     ),
 }
 
-def flavour(name: str) -> Qwen3Args:
-    try:
-        return FLAVOURS[name]
-    except KeyError:
-        raise AssayError(f"unknown Qwen3 flavour {name!r}; known: {', '.join(FLAVOURS)}") from None
-
-
-def build_qwen3(args: Qwen3Args, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> Qwen3:
-    """A randomly initialised model (on "meta": shapes only, for counting or for parallelize-then-materialise)."""
-    return Qwen3.build(args, device, dtype, seed)
-
-
-def load_native_qwen3(
-    path_or_dir: str | os.PathLike,
-    spec_overrides: str | Mapping[str, Any] | None = None,
-    slice_experts: bool = False,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> tuple[Qwen3, Qwen3Args]:
-    """Build the native Qwen3 that the checkpoint's config.json describes (after overrides) and load its weights.
-
-    A spec with fewer layers or experts than the checkpoint loads only with slice_experts=True: the
-    first layers, the first experts and the matching router rows.
-    """
-    return load_native_checkpoint(path_or_dir, Qwen3Args.from_hf_config, apply_spec_overrides, from_hf, Qwen3, "Qwen3",
-                                  spec_overrides, device, dtype, slice_experts=slice_experts)
-
-
-def export_hf(
-    model: nn.Module | Mapping[str, torch.Tensor],
-    args: Qwen3Args,
-    out_dir: str | os.PathLike,
-    tokenizer_source_dir: str | os.PathLike | None = None,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    extra_config: Mapping[str, Any] | None = None,
-) -> list[os.PathLike]:
-    """Write a Transformers checkpoint (safetensors, config.json, and from the source checkpoint its
-    tokenizer files and generation_config.json) that AutoModelForCausalLM.from_pretrained reloads.
-
-    `model` is a native Qwen3 or its full (gathered, plain-tensor) state dict.
-    """
-    return export_native_model(model, args, to_hf, out_dir, tokenizer_source_dir, max_shard_bytes, extra_config)
-
-
-# ---------------------------------------------------------------- the registry entry
-
-
-def args_for_size(vocab_size: int, dim: int, n_layers: int, n_heads: int, hidden_dim: int, max_seq_len: int) -> Qwen3Args:
-    """Multi-head (as many key/value heads as query heads) at dim / n_heads per head."""
-    if dim % n_heads:
-        raise AssayError(f"dim {dim} is not a multiple of {n_heads} heads")
-    return Qwen3Args(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
-                     head_dim=dim // n_heads, hidden_dim=hidden_dim, max_seq_len=max_seq_len)
-
 
 SPEC = register(ArchSpec(
     name="qwen3",
     label="attention (Qwen3)",
     model_types=(HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE),
-    args_from_hf=Qwen3Args.from_hf_config,
-    apply_spec=apply_spec_overrides,
+    args_cls=Qwen3Args,
     model_cls=Qwen3,
-    init=build_qwen3,
-    load=load_native_qwen3,
-    export_hf=export_hf,
-    parallelize_fn="assay.models.qwen3.parallelize:parallelize_qwen3",
-    check_tp_fn="assay.models.qwen3.parallelize:check_tp_divisible",
+    adapter_cls=Qwen3StateDictAdapter,
+    tp_plan=tp_plan,
+    tp_sizes=tp_sizes,
     cache=KV_CACHE,
     kernel_targets={"rope": "layers.*.attention.rope", "attention": "layers.*.attention.sdpa", "grouped_experts": "layers.*.moe.experts"},
     flavours=FLAVOURS,
-    args_for_size=args_for_size,
+    args_for_size=Qwen3Args.for_size,
 ))
 
+# The entry's functions under the names callers import from this package.
+flavour, build_qwen3, load_native_qwen3, export_hf = SPEC.flavour, Qwen3.build, SPEC.load, SPEC.export_hf
+parse_spec_overrides, apply_spec_overrides = Qwen3Args.parse_overrides, SPEC.apply_spec
 
 __all__ = [
-    "FLAVOURS",
-    "SPEC",
-    "ParamCounts",
-    "Qwen3",
-    "Qwen3Args",
-    "apply_spec_overrides",
-    "build_qwen3",
-    "count_parameters",
-    "export_hf",
-    "flavour",
-    "from_hf",
-    "load_native_qwen3",
-    "parse_spec_overrides",
-    "to_hf",
+    "FLAVOURS", "SPEC", "ParamCounts", "Qwen3", "Qwen3Args", "apply_spec_overrides", "build_qwen3", "count_parameters",
+    "export_hf", "flavour", "from_hf", "load_native_qwen3", "parse_spec_overrides", "to_hf",
 ]

@@ -1,7 +1,7 @@
 """Spec overrides from a command line, for any model's args dataclass: "layers=4,heads=2" -> replace().
 
-Each model's args.py keeps its own alias map ("layers" -> "n_layers") and its public
-parse_spec_overrides / apply_spec_overrides, thin wrappers over these.
+The args bases (assay.models.common.args: ModelArgs.parse_overrides / with_overrides) call these with
+the class's alias map ("layers" -> "n_layers") and family name.
 """
 
 from __future__ import annotations

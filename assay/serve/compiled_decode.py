@@ -1,0 +1,86 @@
+"""The decode step the engine runs every step: eager, or compiled once per width (dynamic=False, as the
+reference system measured), with the time and the compiles of each call recorded.
+
+A compiled graph has static shapes, so each width is its own graph; warm_up compiles the widths a
+bucket set can reach before serving, so no request ever waits on the compiler.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from assay.core.compiling import CompileStats, compile_fn, watch
+from assay.core.device import synchronize
+from assay.serve.accounting import now
+from assay.serve.adapters import ModelAdapter
+
+
+def _fresh_function(fn):
+    """A copy of `fn` with its own code object. Dynamo keeps compiled graphs per code object, so each
+    engine gets its own cache: its compile count starts at zero and two engines in one process (tests,
+    the benchmark's modes) never share or evict each other's graphs."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _decode_call(adapter: ModelAdapter, tokens, slot_ids, positions, buffers):
+    # tokens: [W, 1]; slot_ids, positions: [W] -> logits [W, vocab]
+    return adapter.decode(tokens, slot_ids, positions, buffers)
+
+
+class CompiledDecode:
+    """adapter.decode, eager (backend None) or compiled with `backend`; its compiles counted in compile_stats."""
+
+    def __init__(self, adapter: ModelAdapter, backend: str | None, max_seqs: int, device: torch.device):
+        self.adapter = adapter
+        self.eager = backend is None
+        self.device = device
+        self.compile_stats = CompileStats()
+        if self.eager:
+            self._decode = adapter.decode
+        else:
+            # dynamic=False: every width is its own static graph, the behaviour the reference system measured.
+            self._decode = compile_fn(_fresh_function(_decode_call), backend, self.compile_stats, dynamic=False)
+        # Without buckets every running count up to max_seqs may be a new graph; dynamo's default limit (8
+        # per function) would silently fall back to eager past it.
+        self._recompile_limit = max(64, max_seqs + 8)
+
+    def __call__(self, tokens, slot_ids, positions, buffers) -> torch.Tensor:
+        if self.eager:
+            return self._decode(tokens, slot_ids, positions, buffers)
+        with torch._dynamo.config.patch(
+            recompile_limit=self._recompile_limit, accumulated_recompile_limit=max(256, 4 * self._recompile_limit)
+        ):
+            return self._decode(self.adapter, tokens, slot_ids, positions, buffers)
+
+    def timed(self, tokens, slot_ids, positions, buffers) -> tuple[torch.Tensor, bool, float, float]:
+        """(logits, compiled?, compile_s, step_s) of one decode call."""
+        from torch._dynamo.utils import compilation_time_metrics
+
+        graphs_before = self.compile_stats.graphs
+        compile_before = sum(compilation_time_metrics.get("_compile.compile_inner", []))
+        synchronize(self.device)
+        start = now()
+        with torch.no_grad(), watch(self.compile_stats):
+            logits = self(tokens, slot_ids, positions, buffers)
+        synchronize(self.device)
+        step_s = now() - start
+        compiled = self.compile_stats.graphs > graphs_before
+        compile_s = 0.0
+        if compiled:  # dynamo's own timer; clamped to the step, which contains it
+            compile_s = min(max(0.0, sum(compilation_time_metrics.get("_compile.compile_inner", [])) - compile_before), step_s)
+        return logits, compiled, compile_s, step_s
+
+    def warm_up(self, widths: list[int], scratch_slot: int, buffers) -> int:
+        """Compile each width now on padding rows only (the scratch slot); the number of graphs compiled."""
+        graphs_before = self.compile_stats.graphs
+        for width in widths:
+            tokens = torch.zeros(width, 1, dtype=torch.int64, device=self.device)
+            slot_ids = torch.full((width,), scratch_slot, dtype=torch.int64, device=self.device)
+            positions = torch.zeros(width, dtype=torch.int64, device=self.device)
+            self.timed(tokens, slot_ids, positions, buffers)
+        return self.compile_stats.graphs - graphs_before
+
+
+__all__ = ["CompiledDecode"]

@@ -1,0 +1,200 @@
+"""One HTTP request's generation, shared by /v1/completions and /v1/chat/completions: its prompts, each
+submitted to the engine with n choices, the tokens of every choice arriving on one asyncio.Queue (put there
+from the engine thread with call_soon_threadsafe), stop strings, disconnects, and settling once.
+
+A batch of P prompts with n choices each is P engine requests; the engine prefills each prompt once and
+copies its state into n slots. Choice j of prompt i has OpenAI's index i * n + j.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from assay.core.errors import AssayError
+from assay.serve.detokenize import IncrementalText
+from assay.serve.engine import QueueFull, choice_ids
+from assay.serve.engine_loop import EngineFailed, EngineLoop
+from assay.serve.metrics import ServerMetrics
+from assay.serve.protocol import RequestError
+from assay.serve.responses import TokenLogprob
+
+# Put on a request's queue by its disconnect watcher: the client has gone.
+CLIENT_GONE = object()
+
+
+@dataclass
+class Choice:
+    index: int  # OpenAI's: prompt_index * n + j
+    prompt_index: int
+    engine_id: str
+    text: IncrementalText
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked for
+    prompt_logprobs: list[TokenLogprob] | None = None  # echo: one per prompt token (the first without a value)
+    finish_reason: str | None = None  # "length" | "stop" | "abort" | "error"; None while it runs
+    counted: bool = False
+
+
+@dataclass
+class Piece:
+    """What one engine event adds to a choice: its text, its tokens' log-probabilities, whether it ended."""
+
+    choice: Choice
+    text: str
+    logprobs: list[TokenLogprob]
+    finished: bool
+    first: bool  # the choice's first piece (with echo, the prompt's log-probabilities arrive with it)
+
+
+@dataclass
+class SubmitOptions:
+    """What the engine is asked for each prompt (the sampling fields of the request, validated)."""
+
+    max_tokens: list[int]  # one per prompt (a chat request's default depends on the prompt's length)
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    n: int
+    stop: list[str]
+    stop_token_ids: tuple[int, ...]
+    logprobs: int | None  # alternatives per generated token; None: no log-probabilities
+    prompt_logprobs: int | None  # echo with logprobs: the prompt's own, with this many alternatives
+
+
+_ids = itertools.count()
+
+
+async def watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
+    """Wait for the client to go (the body is read already, so receive() only ever reports a disconnect).
+
+    A task of its own rather than request.is_disconnected() polls: those cancel-scope polls can deliver
+    a stray cancellation into the awaiting handler under anyio on asyncio.
+    """
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            queue.put_nowait(CLIENT_GONE)
+            return
+
+
+class Generation:
+    """Submit the prompts, then hand out Pieces until every choice finished; settle() once, however it ends."""
+
+    def __init__(self, engine_loop: EngineLoop, metrics: ServerMetrics, tokenizer, prompts: list[list[int]], prefix: str):
+        self.engine_loop = engine_loop
+        self.metrics = metrics
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.request_id = f"{prefix}-{uuid.uuid4().hex[:24]}-{next(_ids)}"
+        self.created = int(time.time())
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.choices: list[Choice] = []
+        self._by_engine_id: dict[str, Choice] = {}
+        self.settled = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.choices)
+
+    def submit(self, options: SubmitOptions) -> None:
+        """Every prompt into the engine, or none: a refusal (RequestError 400/429/503) withdraws what went in."""
+        loop = asyncio.get_running_loop()
+        queue = self.queue
+
+        def listener(item) -> None:  # runs on the engine thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the event loop has closed (server shutting down): nobody is listening
+                pass
+
+        submitted: list[str] = []
+        try:
+            for i, prompt in enumerate(self.prompts):
+                engine_id = f"{self.request_id}-{i}"
+                for j, choice_id in enumerate(choice_ids(engine_id, options.n)):
+                    choice = Choice(i * options.n + j, i, choice_id, IncrementalText(self.tokenizer, options.stop))
+                    self.choices.append(choice)
+                    self._by_engine_id[choice_id] = choice
+                self.engine_loop.submit(
+                    engine_id, listener, prompt_tokens=prompt, max_tokens=options.max_tokens[i], temperature=options.temperature,
+                    top_p=options.top_p, top_k=options.top_k, seed=options.seed, n=options.n,
+                    stop_token_ids=options.stop_token_ids, logprobs=options.logprobs, prompt_logprobs=options.prompt_logprobs,
+                )
+                submitted.append(engine_id)
+        except (QueueFull, AssayError, EngineFailed) as exc:
+            for choice in self.choices:  # withdrawn before any token reached the client: not counted as aborts
+                choice.counted = True
+                self.engine_loop.abort(choice.engine_id)
+            self.settled = True
+            if isinstance(exc, QueueFull):
+                raise RequestError(429, str(exc)) from None
+            if isinstance(exc, EngineFailed):
+                raise RequestError(503, str(exc)) from None
+            where = f"prompt {len(submitted)}: " if len(self.prompts) > 1 else ""
+            raise RequestError(400, f"{where}{exc}") from None
+
+    def watch(self, request: Request) -> asyncio.Task:
+        return asyncio.create_task(watch_disconnect(request, self.queue))
+
+    def unfinished(self) -> bool:
+        return any(c.finish_reason is None for c in self.choices)
+
+    async def next_piece(self) -> Piece | None:
+        """The next Piece of any choice; None when the client has gone. Raises EngineFailed."""
+        while True:
+            item = await self.queue.get()
+            if item is CLIENT_GONE:
+                return None
+            if isinstance(item, EngineFailed):
+                for choice in self.choices:
+                    if choice.finish_reason is None:
+                        choice.finish_reason = "error"
+                self.metrics.count("error")
+                raise item
+            choice = self._by_engine_id.get(item.request_id)
+            if choice is None or choice.finish_reason is not None:
+                continue  # a late event of a choice already ended by a stop string
+            first = not choice.tokens and choice.finish_reason is None
+            if item.prompt_logprobs is not None:
+                choice.prompt_logprobs = list(item.prompt_logprobs)
+            if item.finished and item.finish_reason == "abort":
+                choice.finish_reason = "abort"
+                return Piece(choice, choice.text.flush(), [], True, first)
+            choice.tokens.append(item.token_id)
+            new_logprobs = [item.logprob] if item.logprob is not None else []
+            choice.logprobs += new_logprobs
+            delta, stopped = choice.text.add(item.token_id)
+            if stopped:
+                # A stop string ended the text before the engine did: free the slot now, answer "stop".
+                self.engine_loop.abort(choice.engine_id)
+                choice.finish_reason = "stop"
+                return Piece(choice, delta, new_logprobs, True, first)
+            if item.finished:
+                choice.finish_reason = item.finish_reason
+                return Piece(choice, delta + choice.text.flush(), new_logprobs, True, first)
+            return Piece(choice, delta, new_logprobs, False, first)
+
+    def settle(self) -> None:
+        """Abort what still runs (the client left, or the server failed) and count each choice once."""
+        if self.settled:
+            return
+        self.settled = True
+        for choice in self.choices:
+            if choice.finish_reason is None:
+                self.engine_loop.abort(choice.engine_id)
+                choice.finish_reason = "abort"
+            if not choice.counted and choice.finish_reason != "error":  # errors were counted where they happened
+                self.metrics.count(choice.finish_reason)
+            choice.counted = True
+        self.metrics.count_prompt_tokens(self.prompt_tokens)

@@ -1,0 +1,131 @@
+"""POST /v1/completions: OpenAI's completions, with a batch of prompts, n choices each, echo and logprobs.
+
+With echo, a choice's text starts with its prompt's text and, with logprobs, its log-probabilities start
+with the prompt's tokens (the first one null): what lm-evaluation-harness's local-completions sends for
+every log-likelihood (max_tokens 1, echo, logprobs 1) and reads back as token_logprobs[context:-1].
+"""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+
+from assay.serve.engine_loop import EngineFailed
+from assay.serve.frontend import Serving, serving_failure
+from assay.serve.generation import Choice, Generation, Piece
+from assay.serve.protocol import CompletionRequest, completion_prompts, parse_completion
+from assay.serve.responses import (
+    SSE_DONE,
+    completion_body,
+    completion_choice,
+    error_body,
+    legacy_logprobs,
+    sse,
+    usage,
+)
+
+
+def _prompt_tokens(serving: Serving, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
+    """(token ids, text) of every prompt; text prompts are checked in characters before they are tokenised."""
+    prompts = completion_prompts(body.prompt)
+    serving.check_choices(len(prompts), body.n)
+    serving.check_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt" if len(prompts) == 1 else "prompt batch")
+    ids = [serving.tokenize(p) if isinstance(p, str) else serving.check_length(p) for p in prompts]
+    texts = [p if isinstance(p, str) else serving.tokenizer.decode(p) for p in prompts] if body.echo else ["" for _ in prompts]
+    return ids, texts
+
+
+async def handle(serving: Serving, raw: bytes, request: Request):
+    body = parse_completion(raw)
+    serving.check_model(body.model)
+    prompts, echo_texts = _prompt_tokens(serving, body)
+    options = serving.options(body, [body.max_tokens] * len(prompts), logprobs=body.logprobs,
+                              prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None)
+    generation = serving.generation(prompts, "cmpl")
+    generation.submit(options)
+    view = _View(serving, generation, body, echo_texts)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return serving.stream(generation, _stream(view, request, include_usage))
+    return await _collect(view, request)
+
+
+class _View:
+    """How the choices of a completions request read: text and log-probabilities, whole or piece by piece."""
+
+    def __init__(self, serving: Serving, generation: Generation, body: CompletionRequest, echo_texts: list[str]):
+        self.serving, self.generation, self.body, self.echo_texts = serving, generation, body, echo_texts
+        self.offsets: dict[int, int] = {}  # per choice: characters of text already covered by text_offset
+
+    def logprobs(self, choice: Choice, entries) -> dict | None:
+        if self.body.logprobs is None:
+            return None
+        start = self.offsets.get(choice.index, 0)
+        result = legacy_logprobs(entries, self.serving.token_text, start)
+        self.offsets[choice.index] = start + sum(len(t) for t in result["tokens"])
+        return result
+
+    def echo(self, choice: Choice) -> tuple[str, list]:
+        """The prompt's text and log-probability entries that open a choice (nothing without echo)."""
+        if not self.body.echo:
+            return "", []
+        return self.echo_texts[choice.prompt_index], list(choice.prompt_logprobs or [])
+
+    def body_of(self, choices: list[dict], with_usage: bool = False) -> dict:
+        generation = self.generation
+        used = usage(generation.prompt_tokens, generation.completion_tokens) if with_usage else None
+        return completion_body(generation.request_id, generation.created, self.serving.model_name, choices, used)
+
+    def chunk(self, piece: Piece) -> dict:
+        text, entries = (self.echo(piece.choice) if piece.first else ("", []))
+        finish = piece.choice.finish_reason if piece.finished else None
+        logprobs = self.logprobs(piece.choice, entries + piece.logprobs)
+        return self.body_of([completion_choice(piece.choice.index, text + piece.text, finish, logprobs)])
+
+
+async def _collect(view: _View, request: Request):
+    generation = view.generation
+    texts: dict[int, list[str]] = {c.index: [] for c in generation.choices}
+    watcher = generation.watch(request)
+    try:
+        while generation.unfinished():
+            piece = await generation.next_piece()
+            if piece is None:
+                return JSONResponse({}, status_code=499)  # nobody reads it; the finally below aborts
+            texts[piece.choice.index].append(piece.text)
+    except EngineFailed as exc:
+        return serving_failure(exc)
+    finally:
+        watcher.cancel()
+        generation.settle()
+    choices = []
+    for choice in generation.choices:
+        echo_text, echo_entries = view.echo(choice)
+        logprobs = view.logprobs(choice, echo_entries + choice.logprobs)
+        choices.append(completion_choice(choice.index, echo_text + "".join(texts[choice.index]), choice.finish_reason, logprobs))
+    return view.body_of(choices, with_usage=True)
+
+
+async def _stream(view: _View, request: Request, include_usage: bool):
+    # Starlette also cancels a stream on disconnect (ASGI < 2.4) or fails its next write (2.4); the
+    # watcher catches a client that leaves while its request is still queued and no token is written.
+    generation = view.generation
+    watcher = generation.watch(request)
+    try:
+        while generation.unfinished():
+            try:
+                piece = await generation.next_piece()
+            except EngineFailed as exc:
+                yield sse(error_body(500, str(exc), "server_error"))
+                yield SSE_DONE
+                return
+            if piece is None:
+                return  # the client left while waiting; the finally aborts
+            yield sse(view.chunk(piece))
+        if include_usage:
+            yield sse(view.body_of([], with_usage=True))
+        yield SSE_DONE
+    finally:
+        # Also reached when the client disconnects mid-stream (the write fails or the task is cancelled).
+        watcher.cancel()
+        generation.settle()

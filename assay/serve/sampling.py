@@ -1,0 +1,149 @@
+"""How the next token is chosen from a row of logits, and the log-probabilities a request asks for.
+
+    sampling = Sampling.create(temperature=0.7, top_p=0.9, top_k=50, seed=1)   # AssayError for bad values
+    tokens = sample_tokens(logits, [sampling, ...])                            # logits [N, vocab] -> N token ids
+    entries = token_logprobs(logits, tokens, [sampling, ...])                  # the chosen tokens' log-probabilities
+    entries = prompt_logprobs(all_logits, prompt, k)                           # a prompt's own (echo)
+
+Order, as vLLM's sampler and Transformers' logits processors apply them: temperature, then top-k, then
+top-p (the nucleus of the tempered distribution), then one draw from what is left. Temperature 0 is greedy
+(top-k and top-p change nothing there). Sampling runs on the CPU, outside the compiled decode graph, each
+request with its own torch.Generator, so a seed gives the same tokens compiled or eager and whatever else
+shares the batch.
+
+n choices of one prompt (Sampling.fork): choice j draws from its own generator seeded with seed + j (modulo
+2**64), so choice 0 is the answer the same request with n = 1 gets, and a seeded request is reproducible.
+
+Log-probabilities are log_softmax, in float32, of the logits that produced each token (the model's own
+distribution, before temperature, top-k or top-p: vLLM's default "raw" log-probabilities).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from assay.core.errors import AssayError
+
+SEED_MODULUS = 2**64  # torch.Generator.manual_seed takes [-2**63, 2**64)
+# Positions of a prompt whose log_softmax is taken at once: bounds the float32 copy to this many x vocab.
+PROMPT_LOGPROB_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One position: the token there, its log-probability, and the k most likely tokens there (id, logprob)."""
+
+    token_id: int
+    logprob: float | None  # None: a prompt's first token (nothing precedes it)
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class Sampling:
+    """One request's sampling settings and random stream (None for greedy)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1): every token
+    seed: int | None = None
+    generator: torch.Generator | None = None
+    logprobs: int | None = None  # alternatives reported per generated token; None: no log-probabilities
+
+    @classmethod
+    def create(cls, temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0, top_k: int = 0,
+               logprobs: int | None = None) -> Sampling:
+        """Checked settings; a request without a seed gets a random one, so two such requests differ."""
+        try:
+            temperature, top_p = float(temperature), float(top_p)
+        except (TypeError, ValueError):
+            raise AssayError(f"temperature and top_p must be numbers, got {temperature!r}, {top_p!r}") from None
+        if not 0.0 <= temperature < float("inf"):
+            raise AssayError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        if not 0.0 < top_p <= 1.0:
+            raise AssayError(f"top_p must be in (0, 1], got {top_p!r}")
+        if not isinstance(top_k, int) or top_k < -1:
+            raise AssayError(f"top_k must be an integer >= -1 (0 or -1: every token), got {top_k!r}")
+        if logprobs is not None and (not isinstance(logprobs, int) or logprobs < 0):
+            raise AssayError(f"logprobs must be an integer >= 0, got {logprobs!r}")
+        if seed is not None and not -(2**63) <= seed < SEED_MODULUS:
+            raise AssayError(f"seed must be in [-2**63, 2**64), got {seed!r}")
+        sampling = cls(temperature, top_p, max(top_k, 0), seed, None, logprobs)
+        return sampling.fork(0)
+
+    def fork(self, index: int) -> Sampling:
+        """The settings of choice `index` of n, with a generator of its own (seed + index)."""
+        if self.greedy:
+            return replace(self, generator=None)
+        seed = random.getrandbits(63) if self.seed is None else (self.seed + index) % SEED_MODULUS
+        return replace(self, generator=torch.Generator(device="cpu").manual_seed(seed))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def draw(self, logits: torch.Tensor) -> int:
+        """logits [vocab] float32 on the CPU -> one token: temperature, top-k, top-p, then a draw."""
+        scaled = logits / self.temperature
+        if 0 < self.top_k < scaled.shape[-1]:
+            kth = torch.topk(scaled, self.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(scaled, descending=True)
+            probs = torch.softmax(ordered, dim=-1)
+            # Keep the smallest head whose mass reaches top_p: a token stays if the mass before it is below top_p.
+            before = torch.cumsum(probs, dim=-1) - probs
+            scaled = scaled.scatter(-1, order[before >= self.top_p], float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator).item())
+
+
+def sample_tokens(logits: torch.Tensor, rows: Sequence[Sampling]) -> list[int]:
+    """logits [N, vocab] (any float dtype, any device) -> the next token of each row."""
+    # Greedy rows in one argmax; sampled rows each with their own generator.
+    logits = logits.float().cpu()
+    tokens = logits.argmax(-1).tolist()
+    for row, sampling in enumerate(rows):
+        if not sampling.greedy:
+            tokens[row] = sampling.draw(logits[row])
+    return tokens
+
+
+def _entries(logprobs: torch.Tensor, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
+    # logprobs: [N, vocab] float32; tokens: N ids -> N entries with the top k of each row
+    chosen = logprobs.gather(-1, torch.tensor(tokens, dtype=torch.int64, device=logprobs.device)[:, None])[:, 0].tolist()
+    if k > 0:
+        values, ids = torch.topk(logprobs, min(k, logprobs.shape[-1]), dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        tops = [()] * len(tokens)
+    return [TokenLogprob(int(t), lp, top) for t, lp, top in zip(tokens, chosen, tops)]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], rows: Sequence[Sampling]) -> list[TokenLogprob | None]:
+    """logits [N, vocab] -> for each row that asks for them, its chosen token's log-probability and top k."""
+    wanted = [row for row, sampling in enumerate(rows) if sampling.logprobs is not None]
+    result: list[TokenLogprob | None] = [None] * len(rows)
+    if not wanted:
+        return result
+    logprobs = torch.log_softmax(logits[wanted].float(), dim=-1)
+    for i, row in enumerate(wanted):
+        result[row] = _entries(logprobs[i : i + 1], [tokens[row]], rows[row].logprobs)[0]
+    return result
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], k: int) -> list[TokenLogprob]:
+    """logits [T, vocab] of a prompt's prefill (all positions) -> one entry per prompt token: the first has
+    no log-probability, token t's comes from the logits at t - 1."""
+    entries = [TokenLogprob(int(prompt[0]), None)]
+    for start in range(0, len(prompt) - 1, PROMPT_LOGPROB_CHUNK):
+        end = min(start + PROMPT_LOGPROB_CHUNK, len(prompt) - 1)
+        logprobs = torch.log_softmax(logits[start:end].float(), dim=-1)
+        entries += _entries(logprobs, prompt[start + 1:end + 1], k)
+    return entries
+
+
+__all__ = ["Sampling", "TokenLogprob", "prompt_logprobs", "sample_tokens", "token_logprobs"]

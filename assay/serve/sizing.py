@@ -1,0 +1,66 @@
+"""How long a KV-cache slot is and whether the pool fits: the model's positions, the free memory, --max-len.
+
+A fixed-state model's slot does not depend on the length at all; these functions matter for a KV cache,
+whose pool is max_seqs + 1 slots of max_len positions, allocated whole at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from assay.core.device import free_memory_bytes
+from assay.core.errors import AssayError
+from assay.serve.adapters import ModelAdapter, state_dtype
+from assay.serve.config import EngineConfig
+
+# The static pool is allocated (and zeroed) whole at start-up. Without --max-len it may take this share of
+# the memory free then; the rest stays for activations, the compiler and other processes on the machine.
+POOL_MEMORY_SHARE = 0.5
+SLOT_LEN_GRAIN = 256  # a fitted slot length is rounded down to a multiple of this
+
+
+def checkpoint_positions(path: str | os.PathLike) -> int | None:
+    """The longest sequence the checkpoint's config says the model holds (its max_position_embeddings)."""
+    from assay.models import registry
+    from assay.models.hf_checkpoint import checkpoint_dir, read_hf_config
+
+    config = read_hf_config(checkpoint_dir(path))
+    spec = registry.find(config.get("model_type"))
+    positions = getattr(spec.args_from_hf(config), "max_seq_len", None) if spec is not None else None
+    return int(positions) if positions else None
+
+
+def fitted_slot_len(adapter: ModelAdapter, config: EngineConfig, device: torch.device) -> int:
+    """The KV slot length without --max-len: config.slot_len() (already capped at the model's positions),
+    shortened to what max_seqs + 1 slots can hold in POOL_MEMORY_SHARE of the free memory."""
+    wanted = min(config.slot_len(), adapter.max_positions() or config.slot_len())
+    free = free_memory_bytes(device)
+    if free is None:
+        return wanted
+    per_position = adapter.state_bytes_per_sequence(state_dtype(config.state_dtype), 1)
+    fits = int(POOL_MEMORY_SHARE * free) // ((config.max_seqs + 1) * per_position)
+    if fits >= wanted:
+        return wanted
+    fitted = fits // SLOT_LEN_GRAIN * SLOT_LEN_GRAIN
+    if fitted < SLOT_LEN_GRAIN:
+        raise AssayError(
+            f"{config.max_seqs} slots of a KV cache ({per_position} bytes per position each) leave under {SLOT_LEN_GRAIN} positions "
+            f"per slot in half of the {free / 2**30:.1f} GiB free: lower --max-seqs"
+        )
+    return fitted
+
+
+def check_pool_fits(adapter: ModelAdapter, config: EngineConfig, dtype: torch.dtype, max_len: int, device: torch.device) -> None:
+    """A pool larger than the free memory fails here with its size, not later as an out-of-memory kill."""
+    free = free_memory_bytes(device)
+    need = adapter.state_bytes_per_sequence(dtype, max_len) * (config.max_seqs + 1)
+    if free is not None and need > free:
+        raise AssayError(
+            f"the slot pool needs {need / 2**30:.1f} GiB ({config.max_seqs} slots + 1 scratch x {max_len} positions) but "
+            f"{device.type} has {free / 2**30:.1f} GiB free: lower --max-seqs or --max-len"
+        )
+
+
+__all__ = ["POOL_MEMORY_SHARE", "SLOT_LEN_GRAIN", "check_pool_fits", "checkpoint_positions", "fitted_slot_len"]
