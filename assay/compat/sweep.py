@@ -190,8 +190,9 @@ def _run_sweep(request: SweepRequest, started: float, cache: dict, zygote) -> Sw
     return SweepOutcome(rows, already, time.perf_counter() - started)
 
 
-# A probe's phases in order (docs/dataset.md, "Phases"); compile_s is trace_s + backend_compile_s + first_call_s.
-PHASES = ("load_s", "reference_s", "trace_s", "backend_compile_s", "first_call_s", "generate_s", "compile_cache_io_s", "total_s")
+# A probe's phases in order (docs/dataset.md, "Phases"); compile_s is trace_s + backend_compile_s + first_call_s;
+# eval_s (--eval) is the device's and the reference's scoring of the tasks.
+PHASES = ("load_s", "reference_s", "trace_s", "backend_compile_s", "first_call_s", "generate_s", "eval_s", "compile_cache_io_s", "total_s")
 
 
 def phase_summary(rows: list[dict]) -> dict:

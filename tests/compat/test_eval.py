@@ -221,3 +221,21 @@ def test_the_builder_is_deterministic_and_gives_the_shipped_files_from_their_cor
     # pydoc_data.topics each release, so only a Python with that corpus rebuilds them byte for byte.
     if corpus_sha256() in (TASKS_DIR / "assay_cloze.yaml").read_text():
         assert all((first / p.name).read_bytes() == (TASKS_DIR / p.name).read_bytes() for p in first.iterdir())
+
+
+@pytest.mark.slow
+def test_a_sweep_scores_the_tasks_and_probes_again_a_row_that_lacks_one(zoo_dir, tmp_path, assay_cli):
+    args = [str(zoo_dir / "gpt2"), "--backend", "eager", "--new-tokens", "2", "--out", str(tmp_path), "--json"]
+    plain = json.loads(assay_cli("sweep", *args, timeout=900).stdout)
+    assert plain["counts"] == {"PASS": 1} and plain["rows"][0]["eval_tasks"] is None
+    # A recorded row without the asked task is not "already recorded": the sweep probes it again, its
+    # zygote having imported lm-eval once for every probe it forks.
+    evaluated = assay_cli("sweep", *args, "--eval", "assay_cloze", timeout=900)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    [row] = json.loads(evaluated.stdout)["rows"]
+    assert row["eval_tasks"] == ["assay_cloze"] and row["eval_status"] == "AGREE", (row["eval_reason"], row["eval_error"])
+    assert json.loads(evaluated.stdout)["phases"]["eval_s"] == row["eval_s"] > 0
+    again = json.loads(assay_cli("sweep", *args, "--eval", "assay_cloze", timeout=900).stdout)
+    assert again["rows"] == [] and again["skipped_existing"] == ["assay-zoo/gpt2"]
+    [stored] = query(tmp_path)
+    assert stored["eval_agreement"] == [1.0] and stored["schema_version"] == SCHEMA_VERSION
