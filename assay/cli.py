@@ -9,14 +9,17 @@ which imports the system itself inside each command, so `assay --help` stays lig
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 
 from assay.app.commands import register as register_app
 from assay.compat.commands import register as register_compat
+from assay.core.cli import TERMINATED_EXIT, TERMINATED_LINE, Terminated, exit_on_sigterm
 from assay.core.commands import register as register_core
 from assay.core.errors import AssayError
+from assay.core.files import disk_full_error
 from assay.kernels.commands import register as register_kernels
 from assay.recall.commands import register as register_recall
 from assay.serve.bench_commands import register as register_serve_bench
@@ -34,6 +37,7 @@ for register in (register_zoo, register_core, register_compat, register_train, r
 
 
 def main() -> None:
+    exit_on_sigterm()
     try:
         from assay.core.plugins import load_plugins
 
@@ -57,3 +61,15 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except Terminated:
+        typer.echo(TERMINATED_LINE, err=True)
+        sys.exit(TERMINATED_EXIT)
+    except BaseException as exc:  # noqa: BLE001 (DCP's CheckpointException is a BaseException)
+        # A write that ran out of room is the machine's state, not a bug: one line, whatever wrote it.
+        full = None if isinstance(exc, SystemExit) else disk_full_error(exc)
+        if full is None:
+            raise
+        reason = os.strerror(full.errno) if isinstance(full, OSError) else full
+        where = getattr(full, "filename2", None) or getattr(full, "filename", None)  # copyfile: (source, target)
+        typer.echo(f"error: {reason.lower()}" + (f" writing {where}" if where else ""), err=True)
+        sys.exit(2)

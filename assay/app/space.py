@@ -9,9 +9,7 @@ matplotlib. app.py puts its own folder first on sys.path, so the copy wins over 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -21,13 +19,14 @@ from assay.app.catalog import Catalog, save_catalog
 from assay.compat.dataset import MARKER, check_results, stack_files
 from assay.core.checks import check_output_folder
 from assay.core.errors import AssayError
-from assay.core.files import atomic_path, atomic_write_text
+from assay.core.files import atomic_folder, atomic_path, atomic_write_text
 
 # The app's import closure, as files of this package; every __init__.py is generated (see below).
 VENDORED_MODULES = (
     "core/errors.py", "core/files.py", "core/dtypes.py",
     "compat/request.py", "compat/schema.py", "compat/dataset.py", "compat/diff.py", "compat/signature.py",
     "app/catalog.py", "app/charts.py", "app/data.py", "app/ui.py",
+    *(f"app/results/{name}.py" for name in ("status", "cells", "accuracy", "snapshot", "listing", "query", "model_page", "analysis")),
 )
 REQUIREMENTS = ("gradio", "duckdb", "pyarrow", "pandas", "matplotlib")
 SPACE_STAMP = ".assay-space"  # marks a folder this command wrote, so a re-export may replace it
@@ -115,36 +114,15 @@ def _copy(source: Path, target: Path) -> None:
 
 
 def export_space(out: str | Path, results: str | Path, catalog: Catalog, title: str = "assay results") -> SpaceExport:
-    """Write the Space into a staging folder beside `out`, then swap it in: an export that fails (a
-    damaged results file, a full disk) leaves no folder, or the previous export untouched, never a
-    half-written one that carries the marker a rerun trusts."""
+    """Write the Space into a staging folder beside `out`, then swap it in (assay.core.files.atomic_folder):
+    an export that fails (a damaged results file, a full disk) leaves no folder, or the previous export
+    untouched, never a half-written one that carries the marker a rerun trusts."""
     results = check_results(results)  # reads every stack file's footer: a damaged one stops us here
     out = Path(out)
     check_out(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".staging", dir=out.parent))
-    try:
+    with atomic_folder(out) as staging:
         export = _write_space(staging, results, catalog, title)
-        _swap_in(staging, out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
     return SpaceExport(out, export.files, export.stacks, export.rows)
-
-
-def _swap_in(staging: Path, out: Path) -> None:
-    """Replace `out` (absent, empty, or a previous export) with the finished staging folder."""
-    if not out.exists():
-        staging.rename(out)
-        return
-    retired = out.with_name(f".{out.name}.{os.getpid()}.old")
-    out.rename(retired)
-    try:
-        staging.rename(out)
-    except OSError:
-        retired.rename(out)  # put the previous export back
-        raise
-    shutil.rmtree(retired, ignore_errors=True)
 
 
 def _write_space(out: Path, results: Path, catalog: Catalog, title: str) -> SpaceExport:
@@ -156,7 +134,7 @@ def _write_space(out: Path, results: Path, catalog: Catalog, title: str) -> Spac
     for relative in VENDORED_MODULES:
         _copy(package / relative, out / "assay" / relative)
         written.append(f"assay/{relative}")
-    for sub in ("", "core/", "compat/", "app/"):
+    for sub in ("", "core/", "compat/", "app/", "app/results/"):
         atomic_write_text(out / "assay" / sub / "__init__.py",
                           f'"""Vendored from assay {assay.__version__} by assay export-space."""\n'
                           + (f'\n__version__ = "{assay.__version__}"\n' if not sub else ""))

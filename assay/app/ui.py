@@ -35,6 +35,7 @@ from assay.app.data import (  # noqa: E402
     per_model_drift, pass_rates, repro_py_filename, result_detail, run_py_filename, status_style, status_summary, view_from_query,
     view_query,
 )
+from assay.app.results.accuracy import DRIFT_COLUMNS, EVAL_COLUMNS  # noqa: E402
 from assay.core.errors import AssayError  # noqa: E402
 from assay.core.files import atomic_write_text  # noqa: E402
 
@@ -46,7 +47,7 @@ THEME = gr.themes.Default(
     font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
 )
 CSS = ".assay-note p { margin: 0; } .assay-link { font-size: 0.9em; }"
-STATUS_COLUMNS = {"listing": ["result"], "model": ["result"], "diff": ["base", "new"]}
+STATUS_COLUMNS = {"listing": ["result", "eval"], "model": ["result", "eval"], "diff": ["base", "new", "base eval", "new eval"]}
 
 
 def _coloured(frame, columns: list[str]):
@@ -171,7 +172,7 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
         if row is None:
             return ("not tested on any stack", "", "", "", "", gr.Dataframe(value=None), "", "",
                     gr.DownloadButton(value=None, interactive=False), _link(view_query(model=page.key), "link to this page", "model-link-a"),
-                    "", "", gr.DownloadButton(value=None, interactive=False), None)
+                    "", "", gr.DownloadButton(value=None, interactive=False), None, gr.Dataframe(value=None), gr.Dataframe(value=None), "")
         detail = result_detail(row)
         path = downloads / run_py_filename(row)
         atomic_write_text(path, detail.run_py)
@@ -184,12 +185,14 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
         link = _link(view_query(model=page.key, filters=Filters(stack=row["stack_id"])), "link to this page", "model-link-a")
         return (result_line, detail.error_line, detail.error, detail.stack_label, detail.command, detail.facts,
                 detail.versions, detail.run_py, gr.DownloadButton(value=str(path), interactive=bool(detail.run_py)), link,
-                detail.repro_note, detail.repro_py, repro_button, charts.model_drift_figure(model_drift(page.results), page.key))
+                detail.repro_note, detail.repro_py, repro_button, charts.model_drift_figure(model_drift(page.results), page.key),
+                detail.drift, detail.eval, detail.eval_note)
 
     def open_model(key, preferred=None, stack=None):
         if not key:
             return ["", gr.Dataframe(value=None), gr.Dropdown(choices=[], value=None), "", "", "", "", "", gr.Dataframe(value=None),
-                    "", "", gr.DownloadButton(value=None, interactive=False), "", "", "", gr.DownloadButton(value=None, interactive=False), None]
+                    "", "", gr.DownloadButton(value=None, interactive=False), "", "", "", gr.DownloadButton(value=None, interactive=False), None,
+                    gr.Dataframe(value=None), gr.Dataframe(value=None), ""]
         page = model_page(source.snapshot(), catalog, key)
         if stack and preferred is None:  # a link's stack: the first result recorded on it
             preferred = next((label for label, row in zip(page.labels, page.results) if row["stack_id"] == stack), None)
@@ -292,6 +295,13 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                             versions = gr.Code(language="json", label="versions", interactive=False, elem_id="versions")
                 run_py = gr.Code(language="python", label="run.py", interactive=False, buttons=["copy", "download"], elem_id="run-py")
                 download = gr.DownloadButton("Download run.py", interactive=False, elem_id="download-run-py")
+                eval_line = gr.Textbox(label="task accuracy: the eval's verdict (assay probe --eval; docs/dataset.md)", interactive=False,
+                                       elem_id="eval-note")
+                with gr.Row():
+                    drift_detail = _table(DRIFT_COLUMNS, label="logit drift per compared step", elem_id="drift-table", scale=1,
+                                          max_height=320)
+                    eval_detail = _table(EVAL_COLUMNS, label="task accuracy: device next to the CPU eager reference", elem_id="eval-table",
+                                         scale=2)
                 model_drift_plot = gr.Plot(label="logit drift per step, per stack", format="png", elem_id="model-drift")
                 repro_note = gr.Textbox(label="minified repro (assay triage; docs/triage.md)", interactive=False, elem_id="repro-note")
                 repro_code = gr.Code(language="python", label="repro.py", interactive=False, buttons=["copy", "download"], elem_id="repro-py")
@@ -320,7 +330,7 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                 drift_plot = gr.Plot(label="logit drift per model", format="png", elem_id="drift-plot")
 
         detail_components = [result_line, error_line, error_full, stack_label, command, facts, versions, run_py, download, model_link,
-                             repro_note, repro_code, download_repro, model_drift_plot]
+                             repro_note, repro_code, download_repro, model_drift_plot, drift_detail, eval_detail, eval_line]
         model_components = [about, per_stack, result_choice, *detail_components]
         events = dict(api_visibility=PRIVATE, trigger_mode="always_last", show_progress="hidden")
         # One listener for every control: its runs queue one after another and the last one wins. A listener

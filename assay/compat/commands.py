@@ -13,6 +13,7 @@ from assay.core.errors import AssayError
 from assay.core.values import at_least, positive
 
 RESULT_COLUMNS = ["model", "status", "dtype", "load_s", "compile_s", "decode_tokens_per_s", "total_s", "peak_memory_mb", "graphs", "graph_breaks", "recompiles", "reason"]
+EVAL_COLUMNS = ["eval"]  # shown when a row has an eval: its status and, per task, device / reference accuracy
 RESULT_HEADERS = {"decode_tokens_per_s": "tok/s", "peak_memory_mb": "peak MB", "graph_breaks": "breaks", "compile_s": "compile_s*"}
 RESULT_FOOTNOTE = "compile_s*: first compiled generate (compilation + one generation); tok/s: second, warm generate"
 
@@ -38,6 +39,19 @@ def reference_cache_setting(folder: Optional[Path], disabled: bool) -> Optional[
     return str(folder.expanduser().resolve())
 
 
+def eval_option():
+    return typer.Option(None, "--eval", help="lm-eval tasks to score on the device and on the CPU eager reference: embedded names "
+                        "(assay_cloze, assay_next_sentence, or `embedded` for both) or paths of lm-eval task YAML files, comma-separated")
+
+
+def eval_setting(tasks: Optional[str]) -> tuple[str, ...]:
+    if tasks is None:
+        return ()
+    from assay.compat.eval_tasks import parse_eval_tasks  # no lm_eval import: only the names and files are checked
+
+    return parse_eval_tasks(tasks)
+
+
 def reference_dtype_option():
     return typer.Option(None, "--reference-dtype", help="the CPU eager reference's dtype: the probe's (default) or float64, for the logit drift columns")
 
@@ -47,7 +61,31 @@ def _gib(value: Optional[float]) -> Optional[int]:
 
 
 def _display_rows(rows: list[dict]) -> list[dict]:
-    return [r | {"peak_memory_mb": (r["peak_memory_bytes"] or 0) / 2**20 if r.get("peak_memory_bytes") else None} for r in rows]
+    return [r | {"peak_memory_mb": (r["peak_memory_bytes"] or 0) / 2**20 if r.get("peak_memory_bytes") else None, "eval": eval_summary(r)} for r in rows]
+
+
+def _columns(rows: list[dict]) -> list[str]:
+    """The result table's columns, with the eval's before the reason when any row has one."""
+    if not any(r.get("eval_tasks") for r in rows):
+        return RESULT_COLUMNS
+    return RESULT_COLUMNS[:-1] + EVAL_COLUMNS + RESULT_COLUMNS[-1:]
+
+
+def eval_summary(row: dict) -> Optional[str]:
+    """ "AGREE: assay_cloze 0.31/0.31, ..." (device / reference accuracy per task), or why there is none."""
+    if not row.get("eval_tasks"):
+        return None
+    if row.get("eval_accuracy") is None:
+        return f"{row.get('eval_status') or '-'}: {row.get('eval_reason')}"
+    references = row.get("eval_reference_accuracy") or [None] * len(row["eval_tasks"])
+    shown = lambda value: "-" if value is None else f"{value:.2f}"  # noqa: E731
+    tasks = ", ".join(f"{t} {shown(a)}/{shown(r)}" for t, a, r in zip(row["eval_tasks"], row["eval_accuracy"], references))
+    return f"{row.get('eval_status') or 'device only'}: {tasks}"
+
+
+def failed(row: dict) -> bool:
+    """What --strict exits 1 on: a status other than PASS or SKIPPED, or an eval that disagreed or failed."""
+    return row["status"] not in ("PASS", "SKIPPED") or row.get("eval_status") in ("DISAGREE", "FAIL")
 
 
 def probe_command(
@@ -71,6 +109,7 @@ def probe_command(
     reference_dtype: Optional[str] = reference_dtype_option(),
     triage: bool = typer.Option(False, "--triage", help="on FAIL_COMPILE, FAIL_ACCURACY or CRASH: minify the failure into repro_py (assay triage)"),
     triage_budget: float = typer.Option(600.0, "--triage-budget", help="seconds for --triage in all"),
+    eval_tasks: Optional[str] = eval_option(),
     json_out: bool = json_option(),
 ):
     """Load, generate with a static cache under torch.compile, compare with CPU eager, record the row."""
@@ -80,13 +119,15 @@ def probe_command(
     positive("--timeout", timeout)
     positive("--memory-limit-gb", memory_limit_gb)
     positive("--triage-budget", triage_budget)
+    evals = eval_setting(eval_tasks)
     quiet_libraries()
     from assay.compat.probe import ProbeRequest, probe_and_record
     from assay.core.output import STATUS_STYLES, print_json, print_table
 
     limit = _gib(memory_limit_gb)
     request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism,
-                           reference_cache=reference_cache_setting(reference_cache, no_reference_cache), reference_dtype=reference_dtype)
+                           reference_cache=reference_cache_setting(reference_cache, no_reference_cache), reference_dtype=reference_dtype,
+                           eval_tasks=evals)
     row = probe_and_record(request, out, timeout=timeout, memory_limit_bytes=limit)
     from assay.compat.triage import TRIAGED, triage_row
 
@@ -98,10 +139,12 @@ def probe_command(
     if json_out:
         print_json({k: v for k, v in row.items() if k not in ("run_py", "versions")})
     else:
-        print_table(_display_rows([row]), RESULT_COLUMNS, title=f"probe on {row['stack_id']}", styles=STATUS_STYLES, headers=RESULT_HEADERS)
+        print_table(_display_rows([row]), _columns([row]), title=f"probe on {row['stack_id']}", styles=STATUS_STYLES, headers=RESULT_HEADERS)
         if row.get("error"):
             typer.echo(row["error"].strip().splitlines()[-1], err=True)
-    if strict and row["status"] not in ("PASS", "SKIPPED"):
+        if row.get("eval_status") in ("DISAGREE", "FAIL"):
+            typer.echo(f"eval {row['eval_status']}: {row['eval_reason']}", err=True)
+    if strict and failed(row):
         raise typer.Exit(1)
 
 
@@ -129,7 +172,7 @@ def results_command(
         passed = sum(r["status"] == "PASS" for r in stack_rows)
         tested = sum(r["status"] != "SKIPPED" for r in stack_rows)
         print_table(
-            _display_rows(stack_rows), RESULT_COLUMNS, styles=STATUS_STYLES, headers=RESULT_HEADERS,
+            _display_rows(stack_rows), _columns(stack_rows), styles=STATUS_STYLES, headers=RESULT_HEADERS,
             title=f"{stack_id}: {passed}/{tested} PASS  ({stack_rows[0]['stack_label']})",
         )
     if rows:
@@ -153,9 +196,12 @@ def diff_command(
         print_json(result.as_dict())
         return
     rows = [c.__dict__ for c in result.changes]
-    print_table(rows, ["model", "dtype", "kind", "base_status", "new_status", "base_drift", "new_drift", "new_reason"], title=f"{result.base} -> {result.new}",
-                styles={"kind": {"regressed": "red", "failure_changed": "yellow", "drift_regressed": "yellow", "fixed": "green"}},
-                headers={"base_drift": "base logit rel", "new_drift": "new logit rel"})
+    columns = ["model", "dtype", "kind", "base_status", "new_status", "base_drift", "new_drift"]
+    if any(c.base_eval or c.new_eval for c in result.changes):
+        columns += ["base_eval", "new_eval"]
+    print_table(rows, columns + ["new_reason"], title=f"{result.base} -> {result.new}",
+                styles={"kind": {"regressed": "red", "failure_changed": "yellow", "eval_regressed": "red", "drift_regressed": "yellow", "fixed": "green"}},
+                headers={"base_drift": "base logit rel", "new_drift": "new logit rel", "base_eval": "base eval", "new_eval": "new eval"})
     fmt = lambda r: "-" if r is None else f"{100 * r:.0f}%"  # noqa: E731
     counts = ", ".join(f"{k} {v}" for k, v in result.counts().items() if v)
     typer.echo(f"pass rate over {result.models_on_both} models tested on both: {fmt(result.base_pass_rate)} -> {fmt(result.new_pass_rate)}; {counts}")
@@ -187,11 +233,13 @@ def sweep_command(
     reference_cache: Optional[Path] = reference_cache_option(),
     no_reference_cache: bool = no_reference_cache_option(),
     reference_dtype: Optional[str] = reference_dtype_option(),
+    eval_tasks: Optional[str] = eval_option(),
     json_out: bool = json_option(),
 ):
     """Probe many models, each in its own process: resumable, parallel, sharded across machines."""
     positive("--memory-limit-gb", memory_limit_gb)
     positive("--device-memory-gb", device_memory_gb)
+    evals = eval_setting(eval_tasks)
     quiet_libraries()
     from assay.compat.models_list import collect_models, parse_shard, shard_models
     from assay.compat.probe import ProbeRequest
@@ -201,7 +249,8 @@ def sweep_command(
     chosen = shard_models(collect_models(models or [], str(zoo) if zoo else None, str(list_file) if list_file else None), parse_shard(shard))
     request = SweepRequest(
         models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens, judge=judge, reference=not no_reference,
-                             reference_cache=reference_cache_setting(reference_cache, no_reference_cache), reference_dtype=reference_dtype),
+                             reference_cache=reference_cache_setting(reference_cache, no_reference_cache), reference_dtype=reference_dtype,
+                             eval_tasks=evals),
         workers=workers, timeout=timeout, memory_limit_bytes=_gib(memory_limit_gb),
         force=force, executor=executor, cache_dir=cache_dir, max_devices=max_devices, devices=devices,
         device_memory_bytes=_gib(device_memory_gb), progress=not json_out,
@@ -215,7 +264,7 @@ def sweep_command(
                     "phases": phase_summary(outcome.rows)})
     else:
         if outcome.rows:
-            print_table(_display_rows(sorted(outcome.rows, key=lambda r: r["model"])), RESULT_COLUMNS, styles=STATUS_STYLES,
+            print_table(_display_rows(sorted(outcome.rows, key=lambda r: r["model"])), _columns(outcome.rows), styles=STATUS_STYLES,
                         headers=RESULT_HEADERS, title=f"sweep: {len(outcome.rows)} probed in {outcome.wall_s:.0f} s")
         if outcome.rows:
             phases = phase_summary(outcome.rows)
@@ -223,7 +272,7 @@ def sweep_command(
                        + f"; reference cache hits {phases['reference_cache_hits']}/{len(outcome.rows)}")
         counts = ", ".join(f"{k} {v}" for k, v in sorted(outcome.counts().items())) or "nothing probed"
         typer.echo(f"{counts}; {len(outcome.skipped_existing)} already recorded for this stack (--force redoes them)")
-    if strict and any(is_failure(r) for r in outcome.rows):
+    if strict and any(is_failure(r) or r.get("eval_status") in ("DISAGREE", "FAIL") for r in outcome.rows):
         raise typer.Exit(1)
 
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from assay.compat.schema import COLUMNS, ROW_KEY, SCHEMA, SCHEMA_VERSION
 from assay.core.errors import AssayError
-from assay.core.files import atomic_path, atomic_write_json, remove_stale_temporaries
+from assay.core.files import atomic_path, atomic_write_json, remove_stale_temporaries, reporting_disk_full
 
 MARKER = "assay-results.json"
 CARD = "README.md"  # a dataset repository's card; its YAML front matter lists the configs and their files
@@ -184,7 +184,8 @@ def write_rows(folder: str | Path, rows: list[dict]) -> list[Path]:
             new_keys = {tuple(r[k] for k in ROW_KEY) for r in new_rows}
             kept = [r for r in read_stack_rows(path) if tuple(r[k] for k in ROW_KEY) not in new_keys]
             table = pa.Table.from_pylist(kept + new_rows, schema=SCHEMA)
-            with atomic_path(path) as tmp:
+            kept = f"{path} is as it was" if path.exists() else f"nothing written at {path}"
+            with reporting_disk_full(f"results file {path}", kept=kept), atomic_path(path) as tmp:
                 pq.write_table(table, tmp, compression="zstd")
         written.append(path)
     return written
@@ -195,8 +196,13 @@ def write_row(folder: str | Path, row: dict) -> Path:
 
 
 def recorded_keys(folder: str | Path, stack_id: str) -> set[tuple]:
+    return set(recorded_evals(folder, stack_id))
+
+
+def recorded_evals(folder: str | Path, stack_id: str) -> dict[tuple, set[str]]:
+    """The keys recorded for a stack, each with the eval tasks its row scored (empty without --eval)."""
     path = stack_file(Path(folder), stack_id)
-    return {tuple(r[k] for k in ROW_KEY) for r in read_stack_rows(path)}
+    return {tuple(r[k] for k in ROW_KEY): set(r.get("eval_tasks") or ()) for r in read_stack_rows(path)}
 
 
 def clean_partial_writes(folder: str | Path) -> list[Path]:

@@ -1,7 +1,8 @@
 """`assay diff`: per model, how its status changed between two stacks.
 
 Kinds: regressed (PASS -> failure), fixed (failure -> PASS), failure_changed (one failure type to
-another), drift_regressed (PASS on both, but the logit drift grew past DRIFT_FACTOR: an accuracy
+another), eval_regressed (PASS on both, but the new stack's eval DISAGREEs with the reference or failed
+while the base's did not: `--eval`, docs/dataset.md "The eval"), drift_regressed (PASS on both, but the logit drift grew past DRIFT_FACTOR: an accuracy
 regression that has not flipped a token yet, docs/triage.md), both_fail, both_pass, only_base /
 only_new (tested on one stack only), and skipped when either side is a deliberate SKIPPED (never
 counted as a failure).
@@ -16,7 +17,7 @@ from assay.compat.schema import FAILURES
 from assay.core.errors import AssayError
 
 # The order a reader wants: what broke first.
-KIND_ORDER = ("regressed", "failure_changed", "drift_regressed", "fixed", "both_fail", "only_base", "only_new", "skipped", "both_pass")
+KIND_ORDER = ("regressed", "failure_changed", "eval_regressed", "drift_regressed", "fixed", "both_fail", "only_base", "only_new", "skipped", "both_pass")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class ModelChange:
     new_reason: str | None
     base_drift: float | None = None  # logit_max_rel_max: the worst relative logit difference over compared steps
     new_drift: float | None = None
+    base_eval: str | None = None  # eval_status (AGREE, DISAGREE, FAIL; None: no eval), with the lowest task agreement
+    new_eval: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,22 @@ def drift_regressed(base_drift: float | None, new_drift: float | None) -> bool:
     return new_drift > DRIFT_FLOOR and new_drift > DRIFT_FACTOR * base_drift
 
 
+BAD_EVALS = ("DISAGREE", "FAIL")
+
+
+def eval_regressed(base_eval: str | None, new_eval: str | None) -> bool:
+    return new_eval in BAD_EVALS and base_eval not in BAD_EVALS
+
+
+def eval_label(row: dict | None) -> str | None:
+    """ "AGREE 1.00": the eval's status and its lowest task agreement; None without an eval."""
+    status = row.get("eval_status") if row else None
+    if not isinstance(status, str) or not status:  # null, or a table reader's NaN
+        return None
+    agreement = row.get("eval_agreement_min")
+    return status + ("" if not isinstance(agreement, float) or agreement != agreement else f" {agreement:.2f}")
+
+
 def _kind(base: dict | None, new: dict | None) -> str:
     if base is None:
         return "only_new"
@@ -70,6 +89,8 @@ def _kind(base: dict | None, new: dict | None) -> str:
     if "SKIPPED" in (b, n):
         return "skipped"
     if b == "PASS" and n == "PASS":
+        if eval_regressed(base.get("eval_status"), new.get("eval_status")):
+            return "eval_regressed"
         return "drift_regressed" if drift_regressed(base.get("logit_max_rel_max"), new.get("logit_max_rel_max")) else "both_pass"
     if b == "PASS":
         return "regressed"
@@ -90,7 +111,7 @@ def resolve_stack(folder, name: str, stacks: list[str]) -> str:
 
 
 def diff_stacks(folder, base: str, new: str) -> StackDiff:
-    rows = query(folder, columns=["model", "dtype", "stack_id", "status", "reason", "logit_max_rel_max"])
+    rows = query(folder, columns=["model", "dtype", "stack_id", "status", "reason", "logit_max_rel_max", "eval_status", "eval_agreement_min"])
     stacks = sorted({r["stack_id"] for r in rows})
     base_id, new_id = resolve_stack(folder, base, stacks), resolve_stack(folder, new, stacks)
     if base_id == new_id:
@@ -106,6 +127,7 @@ def diff_stacks(folder, base: str, new: str) -> StackDiff:
                 base_status=b and b["status"], new_status=n and n["status"],
                 base_reason=b and b["reason"], new_reason=n and n["reason"],
                 base_drift=b and b["logit_max_rel_max"], new_drift=n and n["logit_max_rel_max"],
+                base_eval=eval_label(b), new_eval=eval_label(n),
             )
         )
     changes.sort(key=lambda c: (KIND_ORDER.index(c.kind), c.model))

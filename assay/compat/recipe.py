@@ -4,6 +4,7 @@ This module is copied verbatim into every result's run.py, so it imports nothing
 transformers and PIL: what the probe ran is exactly what a user re-runs.
 """
 
+import json
 import os
 
 import torch
@@ -39,8 +40,9 @@ def load_model(model_id, task, device, dtype, parallelism="single", num_devices=
 def launch(fn, num_devices, device_type, args=()):
     """Run fn(*args) on `num_devices` torch.distributed processes started here (no torchrun needed).
 
-    Returns what rank 0 returned. Each process gets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* as under
-    torchrun, and a process group (gloo on CPU, the device's own backend elsewhere).
+    Returns what rank 0 returned: JSON values, or a dict of them and of tensors (save_result). Each
+    process gets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* as under torchrun, and a process group (gloo on CPU,
+    the device's own backend elsewhere).
     """
     import socket
     import tempfile
@@ -51,9 +53,33 @@ def launch(fn, num_devices, device_type, args=()):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as scratch:
-        result_file = os.path.join(scratch, "rank0.pt")
+        result_file = os.path.join(scratch, "rank0.json")
         mp.spawn(_rank_entry, args=(fn, num_devices, device_type, port, result_file, args), nprocs=num_devices, join=True)
-        return torch.load(result_file, weights_only=False)
+        return load_result(result_file)
+
+
+def save_result(result, path):
+    """Rank 0's result as JSON, its top-level tensors (a dict's) as safetensors beside it: nothing that
+    reading it back could execute, as unpickling could."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in result.items() if isinstance(v, torch.Tensor)} if isinstance(result, dict) else {}
+    if tensors:
+        save_file(tensors, path + ".safetensors")
+        result = {k: v for k, v in result.items() if k not in tensors}
+    with open(path, "w") as handle:
+        json.dump({"result": result, "tensors": sorted(tensors)}, handle)
+
+
+def load_result(path):
+    from safetensors.torch import load_file
+
+    with open(path) as handle:
+        saved = json.load(handle)
+    result = saved["result"]
+    if saved["tensors"]:
+        result.update(load_file(path + ".safetensors"))
+    return result
 
 
 def _rank_entry(rank, fn, world_size, device_type, port, result_file, args):
@@ -67,7 +93,7 @@ def _rank_entry(rank, fn, world_size, device_type, port, result_file, args):
     try:
         result = fn(*args)
         if rank == 0:
-            torch.save(result, result_file)
+            save_result(result, result_file)
         # Every rank leaves together: a rank tearing gloo down while a peer is still busy can make the
         # peer's transport thread see a closed connection and abort (SIGABRT) after the work was done.
         dist.barrier()

@@ -15,6 +15,11 @@ The key (a SHA-256 over a JSON document, see `reference_key`):
 - recipe.py's source (the prompt, the synthetic image and the generate settings), task, dtype,
   new_tokens, and the torch and Transformers versions.
 
+The eval reference (`--eval`, evaluation.py) is cached the same way, one entry per task:
+<root>/<key[:2]>/<key>.eval.json, keyed by the checkpoint's content, the task's content (its configuration
+and every document: eval_recipe.task_content_sha256), eval_recipe.py's source, the reference dtype and
+the torch, Transformers and lm-eval versions.
+
 Entries: <root>/<key[:2]>/<key>.json, and the logits beside it in <key>.logits.pt (torch.save; schema 4's
 drift columns; an entry without them counts as a miss), written to a temporary name and renamed (atomic, so concurrent
 sweeps never see half an entry; the last writer of one key wins with equal content). On reading,
@@ -32,6 +37,7 @@ from assay.compat.request import ProbePlan
 from assay.core.files import atomic_write_json, user_cache_dir
 
 FORMAT = 1  # bump when what an entry holds changes
+EVAL_FORMAT = 1
 CHUNK = 8 * 2**20
 TOP_K = 5
 
@@ -49,12 +55,21 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+_FINGERPRINTS: dict[tuple, list[list]] = {}
+
+
 def checkpoint_fingerprint(folder: Path) -> list[list] | None:
-    """[name, size, content hash] of every file in the checkpoint folder; None when it is not a folder."""
+    """[name, size, content hash] of every file in the checkpoint folder; None when it is not a folder.
+
+    Remembered in this process while no file's size or modification time changes: a probe keys its
+    token reference and each eval task's reference by it, and hashes a large checkpoint once."""
     if not folder.is_dir():
         return None
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    return [[str(p.relative_to(folder)), p.stat().st_size, _file_digest(p)] for p in files]
+    stamp = (str(folder.resolve()), *((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if stamp not in _FINGERPRINTS:
+        _FINGERPRINTS[stamp] = [[str(p.relative_to(folder)), p.stat().st_size, _file_digest(p)] for p in files]
+    return _FINGERPRINTS[stamp]
 
 
 def reference_key(plan: ProbePlan) -> str | None:
@@ -79,6 +94,31 @@ def reference_key(plan: ProbePlan) -> str | None:
     }
     if plan.request.reference_dtype not in (None, plan.request.dtype):  # only then: older keys stay valid
         document["reference_dtype"] = plan.request.reference_dtype
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+def eval_reference_key(plan: ProbePlan, task_sha256: str, reference_dtype: str) -> str | None:
+    """The cache key of one eval task's CPU eager reference, or None when it cannot be keyed (a Hub id)."""
+    import lm_eval
+    import torch
+    import transformers
+
+    from assay.compat import eval_recipe
+
+    checkpoint = checkpoint_fingerprint(Path(plan.ref.load_path))
+    if checkpoint is None:
+        return None
+    document = {
+        "format": EVAL_FORMAT,
+        "checkpoint": checkpoint,
+        "task": task_sha256,
+        "recipe": hashlib.sha256(Path(eval_recipe.__file__).read_bytes()).hexdigest(),
+        "model_task": plan.task,
+        "dtype": reference_dtype,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "lm_eval": getattr(lm_eval, "__version__", "unknown"),
+    }
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
 
 
@@ -133,3 +173,25 @@ class ReferenceCache:
     def store(self, key: str, tokens: list[int], top5: list[list[int]], model: str) -> None:
         entry = {"format": FORMAT, "key": key, "model": model, "tokens": tokens, "top5": top5, "checksum": _checksum(tokens, top5)}
         atomic_write_json(self.path(key), entry)
+
+    def eval_path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.eval.json"
+
+    def load_eval(self, key: str) -> dict | None:
+        """A stored task score (eval_recipe.score's dict), or None for a miss or an entry that is not whole."""
+        try:
+            entry = json.loads(self.eval_path(key).read_text())
+            scores = entry["scores"]
+            whole = (entry["format"] == EVAL_FORMAT and entry["key"] == key and entry["checksum"] == _eval_checksum(scores)
+                     and isinstance(scores["items"], list) and scores["items"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return scores if whole else None
+
+    def store_eval(self, key: str, scores: dict, model: str) -> None:
+        entry = {"format": EVAL_FORMAT, "key": key, "model": model, "scores": scores, "checksum": _eval_checksum(scores)}
+        atomic_write_json(self.eval_path(key), entry)
+
+
+def _eval_checksum(scores: dict) -> str:
+    return hashlib.sha256(json.dumps(scores, sort_keys=True).encode()).hexdigest()

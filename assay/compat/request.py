@@ -30,6 +30,12 @@ STATUSES = {
     "CRASH": "the probe process died (signal, segfault) without reporting",
     "SKIPPED": "deliberately not run (reason recorded); not a failure",
 }
+# The eval's verdict (`--eval`, eval_compare.py): a flag beside the status, which stays the token check's.
+EVAL_STATUSES = {
+    "AGREE": "on every task the device chose the CPU eager reference's answer on at least 95% of items, and its accuracy moved no more than chance allows",
+    "DISAGREE": "on some task the device's answers or accuracy differ from the reference's beyond that (the reason names the task)",
+    "FAIL": "the eval could not finish (the reason says where)",
+}
 FAILURES = tuple(s for s in STATUSES if s.startswith("FAIL") or s in ("OOM", "TIMEOUT", "CRASH"))
 
 DTYPES = DTYPE_NAMES  # the probe's dtypes: the one table in core
@@ -56,6 +62,9 @@ class ProbeRequest:
     # The reference run's dtype: None = the probe's own; "float64" as PyTorch's benchmark harness does,
     # so the logit drift columns measure the device's error rather than two float32 runs' difference.
     reference_dtype: str | None = None
+    # lm-eval tasks to score on the device and on the CPU eager reference (evaluation.py): embedded task
+    # names or absolute paths of lm-eval task YAML files, as eval_tasks.parse_eval_tasks resolved them.
+    eval_tasks: tuple[str, ...] = ()
 
 
 @dataclass
@@ -83,7 +92,8 @@ class ProbePlan:
 
 
 def request_from_json(path: str | Path) -> ProbeRequest:
-    return ProbeRequest(**json.loads(Path(path).read_text()))
+    fields = json.loads(Path(path).read_text())
+    return ProbeRequest(**fields | {"eval_tasks": tuple(fields.get("eval_tasks") or ())})
 
 
 def says_out_of_memory(text: str) -> bool:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from assay.compat.request import FAILURES, STATUSES  # noqa: F401  (defined with the request; re-exported)
+from assay.compat.request import EVAL_STATUSES, FAILURES, STATUSES  # noqa: F401  (defined with the request; re-exported)
 
-SCHEMA_VERSION = 4  # 2: cache_kind and model_code; 3: reference cache and per-phase times (reference_cache_hit, reference_s, trace_s, ...);
-# 4: failure triage (logit_* drift, compile_reasons, repro_*: docs/triage.md)
+SCHEMA_VERSION = 5  # 2: cache_kind and model_code; 3: reference cache and per-phase times (reference_cache_hit, reference_s, trace_s, ...);
+# 4: failure triage (logit_* drift, compile_reasons, repro_*: docs/triage.md); 5: task accuracy (eval_*: `--eval`)
 
 SCHEMA = pa.schema(
     [
@@ -86,6 +86,27 @@ SCHEMA = pa.schema(
         pa.field("repro_after", pa.string()),  # the minifier's stage: "dynamo" or "aot"
         pa.field("triage_reason", pa.string()),  # one line: what triage did, or why it has no repro
         pa.field("triage_s", pa.float64()),
+        # task accuracy (schema 5, `--eval`; docs/dataset.md "The eval"): one list entry per task, in eval_tasks'
+        # order; device = the probe's device, backend and dtype; reference = CPU eager, float32 (or float64).
+        pa.field("eval_tasks", pa.list_(pa.string())),  # lm-eval task names
+        pa.field("eval_items", pa.list_(pa.int32())),
+        pa.field("eval_accuracy", pa.list_(pa.float64())),  # on the device
+        pa.field("eval_reference_accuracy", pa.list_(pa.float64())),
+        pa.field("eval_accuracy_diff", pa.list_(pa.float64())),  # device - reference
+        pa.field("eval_agreement", pa.list_(pa.float64())),  # share of items whose chosen answer is the reference's
+        pa.field("eval_loglik_max_diff", pa.list_(pa.float64())),  # max |log-likelihood difference| over items and choices
+        pa.field("eval_seconds", pa.list_(pa.float64())),  # scoring the task on the device (compilation included)
+        pa.field("eval_reference_seconds", pa.list_(pa.float64())),  # the reference's, or its cache lookup on a hit
+        pa.field("eval_disagreements", pa.list_(pa.string())),  # "task#doc" of each item whose answer changed
+        pa.field("eval_agreement_min", pa.float64()),
+        pa.field("eval_status", pa.string()),  # AGREE, DISAGREE or FAIL (null: no eval asked, or not run)
+        pa.field("eval_reason", pa.string()),  # one line: the verdict's reason, the failure, or why it did not run
+        pa.field("eval_error", pa.string()),  # the traceback when the eval failed
+        pa.field("eval_graphs", pa.int32()),  # graphs compiled for the eval's forwards (a few padded shapes)
+        pa.field("eval_recompiles", pa.int32()),
+        pa.field("eval_reference_cache_hit", pa.bool_()),  # every task's reference from the cache; null: no cache consulted
+        pa.field("eval_reference_dtype", pa.string()),
+        pa.field("eval_s", pa.float64()),  # the whole eval phase, device and reference
         # provenance
         pa.field("started_at", pa.string()),  # ISO 8601, UTC
         pa.field("host", pa.string()),

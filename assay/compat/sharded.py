@@ -3,7 +3,12 @@
 Every rank loads its shard (tensor parallel through the model's tp_plan, or expert parallel), runs
 the same compiled generation as a one-device probe, and the ranks agree after each phase whether to
 go on (so one rank's failure ends all of them instead of leaving the others in a collective).
-Rank 0 reports; the checks (judge, single-device reference) run in the probe's own process.
+Rank 0 reports (its tokens, its raw logits for the drift columns, and with --eval its task scores);
+the checks (judge, single-device reference, the eval's reference) run in the probe's own process.
+
+--eval on every rank: the model is tensor- (or expert-) parallel, so each forward is a collective; every
+rank runs the same lm-eval requests in the same order at the same padded shapes (lm-eval sees one
+process: the model object is passed in, so it splits no data), and rank 0 records.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ def _all_ok(ok: bool) -> bool:
     return bool(flag.item())
 
 
-def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallelism: str, num_devices: int, backend: str, new_tokens: int) -> dict:
+def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallelism: str, num_devices: int, backend: str, new_tokens: int,
+               eval_paths: list[str] = ()) -> dict:
     """Runs on every rank; rank 0's dict is the report."""
     import torch.distributed as dist
 
@@ -54,14 +60,16 @@ def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallel
             try:
                 with watch(stats):
                     start = time.perf_counter()
-                    report["tokens"], _ = recipe.generate(model, inputs, new_tokens, config)
+                    report["tokens"], _, logits = recipe.generate_logits(model, inputs, new_tokens, config, output_scores=False)
+                    report["logits"] = _local(logits)
                     report["compile_s"] = time.perf_counter() - start
                     start = time.perf_counter()
                     recipe.generate(model, inputs, new_tokens, config)
                     report["decode_tokens_per_s"] = new_tokens / (time.perf_counter() - start)
             except Exception as exc:
                 fail("compile" if "compile_s" not in report else "run", exc)
-            _all_ok(report["failure"] is None)
+            if _all_ok(report["failure"] is None) and eval_paths:
+                report["eval"] = _score_tasks(model, load_path, backend, eval_paths)
     report["peak_memory_bytes"] = meter.peak_bytes
     report["memory_kind"] = meter.kind
     report["stats"] = stats.as_dict()
@@ -70,3 +78,15 @@ def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallel
     dist.all_gather_object(reports, report)
     failed = [r for r in reports if r["failure"]]
     return failed[0] if failed else report
+
+
+def _local(tensor):
+    """A plain tensor on the CPU (a DTensor's full value): what the report carries to the probe's process."""
+    full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return full.detach().to("cpu", torch.float32)
+
+
+def _score_tasks(model, load_path: str, backend: str, eval_paths: list[str]) -> dict:
+    from assay.compat.evaluation import score_compiled
+
+    return score_compiled(model, load_path, backend, eval_paths)

@@ -12,10 +12,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from assay.compat.dataset import check_results_target, init_results, recorded_keys, write_row
+from assay.compat.dataset import check_results_target, init_results, recorded_evals, write_row
 from assay.compat.isolate import run_isolated
 from assay.compat.placement import DevicePool, child_env, devices_needed
-from assay.compat.probe import plan_probe
+from assay.compat.plan import plan_probe
 from assay.compat.request import ProbePlan, ProbeRequest
 from assay.compat.schema import FAILURES, ROW_KEY
 from assay.core.device import device_count, resolve_device, total_memory_bytes
@@ -82,7 +82,7 @@ def plan_sweep(request: SweepRequest) -> tuple[list[ProbePlan], list[str]]:
     folder is created only after every model was planned: a bad model path leaves nothing behind."""
     check_sweep_request(request)
     plans, already = [], []
-    recorded: dict[str, set] = {}
+    recorded: dict[str, dict] = {}
     device_type = resolve_device(request.probe.device).type
     per_device_memory = request.device_memory_bytes or total_memory_bytes(device_type)
     for model in request.models:
@@ -92,14 +92,23 @@ def plan_sweep(request: SweepRequest) -> tuple[list[ProbePlan], list[str]]:
             plan = plan_probe(replace(plan.request, devices=k))
         stack_id = plan.row["stack_id"]
         if stack_id not in recorded:
-            recorded[stack_id] = recorded_keys(request.out, stack_id)
+            recorded[stack_id] = recorded_evals(request.out, stack_id)
         key = tuple(plan.row[k] for k in ROW_KEY)
-        if key in recorded[stack_id] and not request.force:
+        # A recorded row is done unless --eval asks for a task it did not score.
+        if key in recorded[stack_id] and not request.force and _evals_recorded(plan, recorded[stack_id][key]):
             already.append(plan.row["model"])
             continue
         plans.append(plan)
     init_results(request.out)
     return plans, already
+
+
+def _evals_recorded(plan: ProbePlan, recorded: set[str]) -> bool:
+    if not plan.request.eval_tasks:
+        return True
+    from assay.compat.eval_tasks import task_names
+
+    return set(task_names(plan.request.eval_tasks)) <= recorded
 
 
 def _devices_for(plan: ProbePlan, request: SweepRequest, per_device_memory: int) -> int:
@@ -120,9 +129,9 @@ def run_sweep(request: SweepRequest) -> SweepOutcome:
     # process of its own on whichever node Ray picks).
     zygote = None
     if request.executor == "local" and not request.fresh_interpreter:
-        from assay.compat.zygote import start_zygote
+        from assay.compat.zygote import PRELOAD_EVAL_ENV, start_zygote
 
-        zygote = start_zygote(cache)
+        zygote = start_zygote(cache | ({PRELOAD_EVAL_ENV: "1"} if request.probe.eval_tasks else {}))
     try:
         return _run_sweep(request, started, cache, zygote)
     finally:
@@ -164,7 +173,8 @@ def _run_sweep(request: SweepRequest, started: float, cache: dict, zygote) -> Sw
                 finally:
                     pool.release(indices)
 
-            with ThreadPoolExecutor(max_workers=request.workers) as executor:
+            executor = ThreadPoolExecutor(max_workers=request.workers)
+            try:
                 pending: set[Future] = {executor.submit(run_one, plan) for plan in plans}
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -173,11 +183,16 @@ def _run_sweep(request: SweepRequest, started: float, cache: dict, zygote) -> Sw
                         write_row(request.out, row)  # only this thread writes: one row at a time
                         rows.append(row)
                         progress.finished(row)
+            finally:
+                # Not `with`: on SIGTERM or Ctrl-C its exit would wait for every queued probe. The queued
+                # ones are dropped; the running ones end with the zygote, which run_sweep closes next.
+                executor.shutdown(wait=False, cancel_futures=True)
     return SweepOutcome(rows, already, time.perf_counter() - started)
 
 
-# A probe's phases in order (docs/dataset.md, "Phases"); compile_s is trace_s + backend_compile_s + first_call_s.
-PHASES = ("load_s", "reference_s", "trace_s", "backend_compile_s", "first_call_s", "generate_s", "compile_cache_io_s", "total_s")
+# A probe's phases in order (docs/dataset.md, "Phases"); compile_s is trace_s + backend_compile_s + first_call_s;
+# eval_s (--eval) is the device's and the reference's scoring of the tasks.
+PHASES = ("load_s", "reference_s", "trace_s", "backend_compile_s", "first_call_s", "generate_s", "eval_s", "compile_cache_io_s", "total_s")
 
 
 def phase_summary(rows: list[dict]) -> dict:

@@ -64,6 +64,10 @@ PRELOAD = (
     "assay.compat.worker",
     "assay.core.compile_cache",
 )
+# A sweep with --eval sets this in the zygote's environment: every probe then scores tasks through
+# lm-eval, whose import (with datasets and evaluate) the zygote does once too. It starts no thread of its own.
+PRELOAD_EVAL_ENV = "ASSAY_ZYGOTE_EVAL"
+PRELOAD_EVAL = ("lm_eval.evaluator", "lm_eval.models.huggingface", "lm_eval.tasks", "assay.compat.evaluation")
 READY_TIMEOUT_S = 300.0
 
 
@@ -80,7 +84,7 @@ def _thread_count() -> int:
 def _preload() -> None:
     import importlib
 
-    for name in PRELOAD:
+    for name in PRELOAD + (PRELOAD_EVAL if os.environ.get(PRELOAD_EVAL_ENV) else ()):
         importlib.import_module(name)
     # What inductor works out once per process (functools caches), measured per warm probe: which vector
     # ISA the C++ compiler and this CPU support (6 compile-and-dlopen subprocesses, 3.7 s), the triton

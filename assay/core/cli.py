@@ -1,4 +1,5 @@
-"""The CLI pieces every system's `commands.py` shares: the common options and the quiet-logging set-up.
+"""The CLI pieces every system's `commands.py` shares: the common options, the quiet-logging set-up, and
+how a SIGTERM ends a command (one line, exit 143).
 
 Options are factories (typer.Option is a default value, so each parameter needs its own instance):
 `device: str = device_option(help="...")`. The flag names are part of the public surface (design.md).
@@ -7,6 +8,9 @@ Options are factories (typer.Option is a default value, so each parameter needs 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 
 import typer
 
@@ -45,3 +49,40 @@ def quiet_libraries() -> None:
         transformers.utils.logging.disable_progress_bar()
     except Exception:
         pass
+
+
+# 128 + SIGTERM: what a shell reports for a job that SIGTERM ended, here as an exit status after cleanup.
+TERMINATED_EXIT = 128 + signal.SIGTERM
+TERMINATED_LINE = "assay: terminated (SIGTERM)"
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. Raised in the main thread, like KeyboardInterrupt for SIGINT, so that finally
+    blocks and context managers run (staging folders removed, worker processes ended) before the CLI
+    prints TERMINATED_LINE and exits TERMINATED_EXIT. A BaseException: `except Exception` never eats it."""
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM end this command as Terminated. Not installed where something else owns the signal:
+    a torchrun rank (its agent signals the ranks; a rank blocked in a collective would not run a Python
+    handler until torchrun's SIGKILL), or a thread other than the main one. A command that stops
+    gracefully on SIGTERM (`assay serve`) installs its own handler for the time it serves."""
+    if os.environ.get("TORCHELASTIC_RUN_ID") or threading.current_thread() is not threading.main_thread():
+        return
+    owner = os.getpid()
+
+    def on_sigterm(signum, frame):
+        if os.getpid() != owner:  # a child forked from this process inherited the handler: die as SIGTERM means
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        signal.signal(signal.SIGTERM, _second_sigterm)
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _second_sigterm(signum, frame) -> None:
+    """A second SIGTERM while the first one's cleanup runs: leave now."""
+    print(TERMINATED_LINE, file=sys.stderr, flush=True)
+    os._exit(TERMINATED_EXIT)

@@ -6,12 +6,19 @@ A crash or kill mid-write leaves either the old file or the new one, never half 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
+
+from assay.core.errors import AssayError
+
+# A write that failed because the disk (or this process's file-size limit, or a quota) has no room.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_DISK_FULL_TEXT = tuple(os.strerror(code) for code in DISK_FULL_ERRNOS)
 
 
 @contextlib.contextmanager
@@ -24,10 +31,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
-        with open(tmp, "rb") as written:
-            os.fsync(written.fileno())
+        fsync_file(tmp)
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -53,7 +59,7 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(retired, ignore_errors=True)
         else:
             os.replace(staging, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -74,12 +80,29 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def fsync_file(path: str | os.PathLike) -> None:
+    with open(path, "rb") as written:
+        os.fsync(written.fileno())
+
+
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
-    """Append one JSON line and flush it to disk: a killed run keeps every finished line."""
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, default=str) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    """Append one JSON line and flush it to disk: a killed run keeps every finished line. A line that
+    cannot be written whole (the disk is full) is cut back off, so the file never ends in half a line."""
+    line = (json.dumps(record, default=str) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(line):
+                written += os.write(fd, line[written:])
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, end)
+            raise
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
@@ -91,7 +114,8 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
     return removed
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make a rename inside `folder` durable (the directory entry itself is data)."""
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -105,3 +129,40 @@ def user_cache_dir(name: str) -> Path:
     user (the probe's reference cache, converted real models). Read at each call: tests move it."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "assay" / name
+
+
+def disk_full_error(error: BaseException | None) -> OSError | str | None:
+    """The no-room error behind `error` (itself, a cause or context, or a failure DCP collected from a
+    rank), or None. Libraries that wrap an OSError in their own type keep its text: that is matched too."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
+            return current
+        failures = getattr(current, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):
+            pending.extend(failure[0] for failure in failures.values() if isinstance(failure, tuple) and failure)
+        pending.extend([current.__cause__, current.__context__])
+        if any(text in str(current) for text in _DISK_FULL_TEXT):
+            return next(text for text in _DISK_FULL_TEXT if text in str(current))
+    return None
+
+
+@contextlib.contextmanager
+def reporting_disk_full(what: str, kept: str = "") -> Iterator[None]:
+    """Turn a write that ran out of room into one line (AssayError: exit 2 on the CLI) naming what was
+    being written and what was kept; any other failure passes through unchanged."""
+    try:
+        yield
+    except BaseException as error:  # noqa: BLE001 (DCP's CheckpointException is a BaseException)
+        if isinstance(error, (KeyboardInterrupt, SystemExit, AssayError)):
+            raise
+        full = disk_full_error(error)
+        if full is None:
+            raise
+        reason = os.strerror(full.errno) if isinstance(full, OSError) else full
+        raise AssayError(f"cannot write {what}: {reason.lower()}" + (f"; {kept}" if kept else "")) from None

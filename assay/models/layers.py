@@ -31,11 +31,8 @@ from assay.models.common.rope import (
     rotate_half,
 )
 
-# The decoding mixin's former name (KVCacheDecoder: a mixin, not a decoder).
-KVCacheDecoder = KVCacheDecodingMixin
-
 __all__ = [
-    "MLP", "Attention", "CausalAttention", "GLAOperator", "GroupedExperts", "KVCache", "KVCacheDecoder", "KVCacheDecodingMixin",
+    "MLP", "Attention", "CausalAttention", "GLAOperator", "GroupedExperts", "KVCache", "KVCacheDecodingMixin",
     "LinearRopeScaling", "NativeDecoder", "ParamCounts", "RMSNorm", "RopeScaling", "RotaryDecoder", "RotaryEmbedding",
     "ShortConvolution", "TransformerBlock", "WindowedCausalAttention", "apply_rotary", "count_parameters", "grouped_mm_runs",
     "masked_attention", "rotary_cos_sin", "rotary_inv_freq", "rotate_half",

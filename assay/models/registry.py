@@ -7,10 +7,10 @@ answered by its ArchSpec, so train, serve, recall and the zoo never ask "which a
     model, args = spec.load("zoo/llama", device="cpu", dtype=torch.float32)
     spec.export_hf(model.state_dict(), args, "out/", "zoo/llama")
 
-Each models/<arch>/__init__.py ends with one `register(ArchSpec(...))` naming its parts (args class, model
-class, key-map adapter, TP plan); load, export, build, parallelize and the FLOP count derive from them. The packages below are imported
-on the first lookup (vLLM's lazy registry: a name and where it lives), so importing this module stays
-cheap and a model never imports another.
+Each models/<arch>/__init__.py ends with one `register(ArchSpec(...))` naming its parts (args class,
+model class, key-map adapter, TP plan); load, export, build, parallelize and the FLOP count derive from
+them. The packages below are imported on the first lookup (vLLM's lazy registry: a name and where it
+lives), so importing this module stays cheap and a model never imports another.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from assay.core.errors import AssayError
 from assay.models.serving import CacheSpec, ModelAdapter
 
 # Where the built-in entries live. Adding an architecture: a folder, its register(...) call, one line here.
-ARCH_PACKAGES: tuple[str, ...] = ("assay.models.qwen3", "assay.models.gla", "assay.models.llama")
+ARCH_PACKAGES: tuple[str, ...] = ("assay.models.qwen3", "assay.models.gla", "assay.models.llama", "assay.models.gemma3")
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,11 @@ class KVLayout:
     n_kv_heads: int
     head_dim: int
     note: str
+    windows: tuple[int | None, ...] = ()  # per layer, the positions a sliding-window layer keeps at most (None: all)
 
     def bytes_per_sequence(self, seq_len: int, dtype: torch.dtype = KV_REFERENCE_DTYPE) -> int:
-        return kv_cache_bytes_per_sequence(self.n_layers, self.n_kv_heads, self.head_dim, seq_len, dtype)
+        kept = [seq_len if window is None else min(window, seq_len) for window in self.windows or (None,) * self.n_layers]
+        return sum(kv_cache_bytes_per_sequence(1, self.n_kv_heads, self.head_dim, positions, dtype) for positions in kept)
 
 
 class ModelAdapter(ABC):
@@ -191,7 +193,11 @@ class KVCacheAdapter(ModelAdapter):
 
     def kv_reference(self):
         args = self.args
-        return KVLayout(args.n_layers, args.n_kv_heads, args.head_dim, f"its own cache, {args.n_kv_heads} kv heads x {args.head_dim}")
+        windows = tuple(args.layer_window(layer) for layer in range(args.n_layers))
+        note = f"its own cache, {args.n_kv_heads} kv heads x {args.head_dim}"
+        if any(windows):
+            note += f", {sum(w is not None for w in windows)} of {args.n_layers} layers a window of {max(w or 0 for w in windows)}"
+        return KVLayout(args.n_layers, args.n_kv_heads, args.head_dim, note, windows)
 
     def uses_max_len(self) -> bool:
         return True
@@ -203,8 +209,8 @@ class KVCacheAdapter(ModelAdapter):
 def kv_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:
     """A KV-cache model's keys and values for seq_len tokens (args with n_layers, n_kv_heads, head_dim and
     layer_window): what its slot keeps, a sliding-window layer at most its window."""
-    kept = [seq_len if (window := args.layer_window(layer)) is None else min(window, seq_len) for layer in range(args.n_layers)]
-    return sum(kv_cache_bytes_per_sequence(1, args.n_kv_heads, args.head_dim, positions, dtype) for positions in kept)
+    windows = tuple(args.layer_window(layer) for layer in range(args.n_layers))
+    return KVLayout(args.n_layers, args.n_kv_heads, args.head_dim, "", windows).bytes_per_sequence(seq_len, dtype)
 
 
 def state_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from assay.core.errors import AssayError
-from assay.core.files import atomic_write_json, atomic_write_text
+from assay.core.files import atomic_folder, atomic_write_json, atomic_write_text
 from assay.recall.mqar import MQARSpec
 from assay.core.tokens import TOKEN_IDS
 
@@ -121,14 +121,15 @@ def write_checkpoint(model: torch.nn.Module | dict, arch: str, args, out_dir: Pa
     from assay.zoo.tokenizer import write_tokenizer
 
     out_dir = Path(out_dir)
-    with tempfile.TemporaryDirectory(prefix="recall-tokenizer-") as source:
+    # The folder appears whole (staged beside it, then swapped in): a reader never finds weights without recall.json.
+    with tempfile.TemporaryDirectory(prefix="recall-tokenizer-") as source, atomic_folder(out_dir) as staging:
         # The export copies tokenizer files and token ids from a source checkpoint folder.
         write_tokenizer(source)
         atomic_write_text(Path(source) / "config.json", json.dumps(TOKEN_IDS) + "\n")
         state_dict = model.state_dict() if isinstance(model, torch.nn.Module) else model
-        _spec(arch).export_hf(state_dict, args, out_dir, source)
-    if layout is not None:
-        atomic_write_json(out_dir / LAYOUT_FILE, {"mqar": layout.as_dict()})
+        _spec(arch).export_hf(state_dict, args, staging, source)
+        if layout is not None:
+            atomic_write_json(staging / LAYOUT_FILE, {"mqar": layout.as_dict()})
     return out_dir
 
 

@@ -10,7 +10,6 @@ import typer
 from assay.core.cli import backend_option, device_option, quiet_libraries
 from assay.core.checks import check_checkpoint
 from assay.core.errors import AssayError
-from assay.serve.middleware import DEFAULT_MAX_REQUEST_BYTES
 
 
 def serve_command(
@@ -33,9 +32,12 @@ def serve_command(
     replicas: int = typer.Option(1, "--replicas", help="--executor ray: engine replicas, one device each"),
     api_key: Optional[str] = typer.Option(
         None, "--api-key", envvar="ASSAY_API_KEY", show_default=False, show_envvar=True,
-        help="every /v1/* route needs 'Authorization: Bearer KEY' (/health and /metrics stay open); prefer the environment variable",
+        help="every /v1/* route needs 'Authorization: Bearer KEY' (/health and /metrics stay open); prefer the environment variable ASSAY_API_KEY (not in the process list)",
     ),
-    max_request_bytes: int = typer.Option(DEFAULT_MAX_REQUEST_BYTES, "--max-request-bytes", help="a larger request body is refused (413) before it is parsed"),
+    max_request_bytes: Optional[int] = typer.Option(
+        None, "--max-request-bytes", show_default=False,
+        help="a larger request body is refused (413) before it is parsed (default 16777216: 16 MiB)",
+    ),
 ):
     """Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /health, /metrics)."""
     # The checkpoint (config, weights header, tokenizer: the HTTP API takes and returns text) before
@@ -48,7 +50,7 @@ def serve_command(
         model=model, device=device, backend=backend, max_seqs=max_seqs, buckets=buckets, no_buckets=no_buckets, eager=eager,
         state_dtype=state_dtype, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
         max_len=max_len, host=host, port=port, served_model_name=served_model_name, api_key=api_key or None,
-        max_request_bytes=max_request_bytes,
+        **({} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}),
     )
     announce = lambda line: print(line, flush=True)  # noqa: E731
     if executor == "ray":

@@ -13,11 +13,11 @@ from typing import AsyncIterator, Callable
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from assay.serve.engine import Engine
-from assay.serve.engine_loop import EngineLoop
-from assay.serve.generation import Generation, SubmitOptions
+from assay.serve.engine_loop import EngineFailed, EngineLoop
+from assay.serve.generation import Generation, Piece, SubmitOptions
 from assay.serve.metrics import ServerMetrics
 from assay.serve.protocol import RequestError
-from assay.serve.responses import TokenText, error_body
+from assay.serve.responses import SSE_DONE, TokenText, error_body, sse
 
 _ERROR_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
                 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
@@ -154,6 +154,34 @@ class Serving:
     def generation(self, prompts: list[list[int]], prefix: str) -> Generation:
         return Generation(self.engine_loop, self.metrics, self.tokenizer, prompts, prefix)
 
-    def stream(self, generation: Generation, events: AsyncIterator[str]) -> StreamingResponse:
-        return _ClosingStream(events, on_close=generation.settle, media_type="text/event-stream",
+    def stream(self, generation: Generation, request, chunk: Callable[[Piece], dict], opening: list[dict] = (),
+               closing: Callable[[], dict] | None = None) -> StreamingResponse:
+        """Server-sent events: the opening bodies, one chunk per Piece, then (when every choice finished) the
+        closing body and [DONE]; an engine failure is an error event and [DONE]; a client gone, nothing more."""
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                for body in opening:
+                    yield sse(body)
+                async for piece in generation.pieces(request):
+                    yield sse(chunk(piece))
+            except EngineFailed as exc:
+                yield sse(error_body(500, str(exc), "server_error"))
+                yield SSE_DONE
+                return
+            if generation.client_gone:
+                return
+            if closing is not None:
+                yield sse(closing())
+            yield SSE_DONE
+
+        return _ClosingStream(events(), on_close=generation.settle, media_type="text/event-stream",
                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def collect(self, generation: Generation, request) -> dict[int, str] | JSONResponse:
+        """Each choice's whole text, or the response when there is none to give (client gone, engine failed)."""
+        try:
+            texts = await generation.texts(request)
+        except EngineFailed as exc:
+            return serving_failure(exc)
+        return JSONResponse({}, status_code=499) if texts is None else texts  # 499: nobody reads it

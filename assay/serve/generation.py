@@ -13,6 +13,7 @@ import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import AsyncIterator
 
 from starlette.requests import Request
 
@@ -98,6 +99,8 @@ class Generation:
         self.choices: list[Choice] = []
         self._by_engine_id: dict[str, Choice] = {}
         self.settled = False
+        self.client_gone = False
+        self._watcher: asyncio.Task | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -144,8 +147,29 @@ class Generation:
             where = f"prompt {len(submitted)}: " if len(self.prompts) > 1 else ""
             raise RequestError(400, f"{where}{exc}") from None
 
-    def watch(self, request: Request) -> asyncio.Task:
-        return asyncio.create_task(watch_disconnect(request, self.queue))
+    async def pieces(self, request: Request) -> AsyncIterator[Piece]:
+        """Every Piece until each choice finished, or until the client goes (client_gone). Raises EngineFailed.
+
+        Starlette also cancels a stream on disconnect (ASGI < 2.4) or fails its next write (2.4); the
+        watcher catches a client that leaves while its request is still queued and no token is written.
+        """
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(watch_disconnect(request, self.queue))
+        while self.unfinished():
+            piece = await self.next_piece()
+            if piece is None:
+                return
+            yield piece
+
+    async def texts(self, request: Request) -> dict[int, str] | None:
+        """Each choice's whole text by index; None when the client left. Settles the request. Raises EngineFailed."""
+        texts: dict[int, list[str]] = {c.index: [] for c in self.choices}
+        try:
+            async for piece in self.pieces(request):
+                texts[piece.choice.index].append(piece.text)
+        finally:
+            self.settle()
+        return None if self.client_gone else {index: "".join(parts) for index, parts in texts.items()}
 
     def unfinished(self) -> bool:
         return any(c.finish_reason is None for c in self.choices)
@@ -155,6 +179,7 @@ class Generation:
         while True:
             item = await self.queue.get()
             if item is CLIENT_GONE:
+                self.client_gone = True
                 return None
             if isinstance(item, EngineFailed):
                 for choice in self.choices:
@@ -187,6 +212,8 @@ class Generation:
 
     def settle(self) -> None:
         """Abort what still runs (the client left, or the server failed) and count each choice once."""
+        if self._watcher is not None:
+            self._watcher.cancel()
         if self.settled:
             return
         self.settled = True

@@ -172,8 +172,14 @@ def decode_json(raw: bytes) -> dict:
     return body
 
 
+def _check_stream_options(request: _Sampling):
+    if request.stream_options is not None and not request.stream:
+        raise RequestError(400, "stream_options needs stream: true", "stream_options")
+    return request
+
+
 def parse_completion(raw: bytes) -> CompletionRequest:
-    return _validate(CompletionRequest, _check_fields(decode_json(raw), CompletionRequest, COMPLETION_OFF))
+    return _check_stream_options(_validate(CompletionRequest, _check_fields(decode_json(raw), CompletionRequest, COMPLETION_OFF)))
 
 
 def _check_parts(body: dict) -> None:
@@ -193,7 +199,7 @@ def parse_chat(raw: bytes) -> ChatCompletionRequest:
     request = _validate(ChatCompletionRequest, _check_fields(body, ChatCompletionRequest, CHAT_OFF))
     if request.top_logprobs is not None and not request.logprobs:
         raise RequestError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    return request
+    return _check_stream_options(request)
 
 
 def _validate(schema, body: dict):

@@ -71,18 +71,16 @@ def create_app(
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "assay"}]}
 
-    @app.post("/v1/completions")
-    async def completions_route(request: Request):
-        try:
-            return await routes_completions.handle(serving, await request.body(), request)
-        except RequestError as exc:
-            return serving.error(exc)
+    def generating(handle):
+        async def route(request: Request):
+            try:
+                return await handle(serving, await request.body(), request)
+            except RequestError as exc:
+                return serving.error(exc)
 
-    @app.post("/v1/chat/completions")
-    async def chat_route(request: Request):
-        try:
-            return await routes_chat.handle(serving, await request.body(), request)
-        except RequestError as exc:
-            return serving.error(exc)
+        return route
+
+    app.post("/v1/completions")(generating(routes_completions.handle))
+    app.post("/v1/chat/completions")(generating(routes_chat.handle))
 
     return app

@@ -7,23 +7,12 @@ A model whose tokenizer has no chat template gets a 400 that says so (its /v1/co
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
-from assay.serve.engine_loop import EngineFailed
-from assay.serve.frontend import Serving, serving_failure
-from assay.serve.generation import Generation
+from assay.serve.frontend import Serving
+from assay.serve.generation import Generation, Piece
 from assay.serve.protocol import ChatCompletionRequest, RequestError, parse_chat
-from assay.serve.responses import (
-    SSE_DONE,
-    chat_body,
-    chat_choice,
-    chat_delta,
-    chat_logprobs,
-    error_body,
-    sse,
-    usage,
-)
+from assay.serve.responses import chat_body, chat_choice, chat_delta, chat_logprobs, usage
 
 
 def chat_prompt(serving: Serving, body: ChatCompletionRequest) -> list[int]:
@@ -53,7 +42,7 @@ async def handle(serving: Serving, raw: bytes, request: Request):
     generation.submit(serving.options(body, [max_tokens], logprobs=top))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return serving.stream(generation, _stream(serving, generation, body, request, include_usage))
+        return _stream(serving, generation, body, request, include_usage)
     return await _collect(serving, generation, body, request)
 
 
@@ -67,46 +56,20 @@ def _body(serving: Serving, generation: Generation, choices: list[dict], with_us
 
 
 async def _collect(serving: Serving, generation: Generation, body: ChatCompletionRequest, request: Request):
-    texts: dict[int, list[str]] = {c.index: [] for c in generation.choices}
-    watcher = generation.watch(request)
-    try:
-        while generation.unfinished():
-            piece = await generation.next_piece()
-            if piece is None:
-                return JSONResponse({}, status_code=499)  # nobody reads it; the finally below aborts
-            texts[piece.choice.index].append(piece.text)
-    except EngineFailed as exc:
-        return serving_failure(exc)
-    finally:
-        watcher.cancel()
-        generation.settle()
-    choices = [chat_choice(c.index, "".join(texts[c.index]), c.finish_reason, _logprobs(serving, body, c.logprobs))
-               for c in generation.choices]
+    texts = await serving.collect(generation, request)
+    if not isinstance(texts, dict):
+        return texts
+    choices = [chat_choice(c.index, texts[c.index], c.finish_reason, _logprobs(serving, body, c.logprobs)) for c in generation.choices]
     return _body(serving, generation, choices, with_usage=True)
 
 
-async def _stream(serving: Serving, generation: Generation, body: ChatCompletionRequest, request: Request, include_usage: bool):
-    watcher = generation.watch(request)
-    try:
-        # OpenAI's first chunk of each choice names the role; the content follows in deltas.
-        for choice in generation.choices:
-            yield sse(_body(serving, generation, [chat_delta(choice.index, {"role": "assistant", "content": ""})], chunk=True))
-        while generation.unfinished():
-            try:
-                piece = await generation.next_piece()
-            except EngineFailed as exc:
-                yield sse(error_body(500, str(exc), "server_error"))
-                yield SSE_DONE
-                return
-            if piece is None:
-                return  # the client left while waiting; the finally aborts
-            finish = piece.choice.finish_reason if piece.finished else None
-            delta = {"content": piece.text} if piece.text or not piece.finished else {}
-            yield sse(_body(serving, generation, [chat_delta(piece.choice.index, delta, finish, _logprobs(serving, body, piece.logprobs))],
-                            chunk=True))
-        if include_usage:
-            yield sse(_body(serving, generation, [], with_usage=True, chunk=True))
-        yield SSE_DONE
-    finally:
-        watcher.cancel()
-        generation.settle()
+def _stream(serving: Serving, generation: Generation, body: ChatCompletionRequest, request: Request, include_usage: bool):
+    def chunk(piece: Piece) -> dict:
+        finish = piece.choice.finish_reason if piece.finished else None
+        delta = {"content": piece.text} if piece.text or not piece.finished else {}
+        return _body(serving, generation, [chat_delta(piece.choice.index, delta, finish, _logprobs(serving, body, piece.logprobs))], chunk=True)
+
+    # OpenAI's first chunk of each choice names the role; the content follows in deltas.
+    opening = [_body(serving, generation, [chat_delta(c.index, {"role": "assistant", "content": ""})], chunk=True) for c in generation.choices]
+    closing = (lambda: _body(serving, generation, [], with_usage=True, chunk=True)) if include_usage else None
+    return serving.stream(generation, request, chunk, opening, closing)

@@ -7,22 +7,12 @@ every log-likelihood (max_tokens 1, echo, logprobs 1) and reads back as token_lo
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
-from assay.serve.engine_loop import EngineFailed
-from assay.serve.frontend import Serving, serving_failure
+from assay.serve.frontend import Serving
 from assay.serve.generation import Choice, Generation, Piece
 from assay.serve.protocol import CompletionRequest, completion_prompts, parse_completion
-from assay.serve.responses import (
-    SSE_DONE,
-    completion_body,
-    completion_choice,
-    error_body,
-    legacy_logprobs,
-    sse,
-    usage,
-)
+from assay.serve.responses import completion_body, completion_choice, legacy_logprobs, usage
 
 
 def _prompt_tokens(serving: Serving, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
@@ -46,7 +36,7 @@ async def handle(serving: Serving, raw: bytes, request: Request):
     view = _View(serving, generation, body, echo_texts)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return serving.stream(generation, _stream(view, request, include_usage))
+        return serving.stream(generation, request, view.chunk, closing=(lambda: view.body_of([], with_usage=True)) if include_usage else None)
     return await _collect(view, request)
 
 
@@ -84,48 +74,12 @@ class _View:
 
 
 async def _collect(view: _View, request: Request):
-    generation = view.generation
-    texts: dict[int, list[str]] = {c.index: [] for c in generation.choices}
-    watcher = generation.watch(request)
-    try:
-        while generation.unfinished():
-            piece = await generation.next_piece()
-            if piece is None:
-                return JSONResponse({}, status_code=499)  # nobody reads it; the finally below aborts
-            texts[piece.choice.index].append(piece.text)
-    except EngineFailed as exc:
-        return serving_failure(exc)
-    finally:
-        watcher.cancel()
-        generation.settle()
+    texts = await view.serving.collect(view.generation, request)
+    if not isinstance(texts, dict):
+        return texts
     choices = []
-    for choice in generation.choices:
+    for choice in view.generation.choices:
         echo_text, echo_entries = view.echo(choice)
         logprobs = view.logprobs(choice, echo_entries + choice.logprobs)
-        choices.append(completion_choice(choice.index, echo_text + "".join(texts[choice.index]), choice.finish_reason, logprobs))
+        choices.append(completion_choice(choice.index, echo_text + texts[choice.index], choice.finish_reason, logprobs))
     return view.body_of(choices, with_usage=True)
-
-
-async def _stream(view: _View, request: Request, include_usage: bool):
-    # Starlette also cancels a stream on disconnect (ASGI < 2.4) or fails its next write (2.4); the
-    # watcher catches a client that leaves while its request is still queued and no token is written.
-    generation = view.generation
-    watcher = generation.watch(request)
-    try:
-        while generation.unfinished():
-            try:
-                piece = await generation.next_piece()
-            except EngineFailed as exc:
-                yield sse(error_body(500, str(exc), "server_error"))
-                yield SSE_DONE
-                return
-            if piece is None:
-                return  # the client left while waiting; the finally aborts
-            yield sse(view.chunk(piece))
-        if include_usage:
-            yield sse(view.body_of([], with_usage=True))
-        yield SSE_DONE
-    finally:
-        # Also reached when the client disconnects mid-stream (the write fails or the task is cancelled).
-        watcher.cancel()
-        generation.settle()

@@ -123,6 +123,9 @@ def _check_flags(model, flavour, steps, batch, seq_len, lr, warmup_steps, min_lr
     check_checkpoint(model, weights=flavour is None)  # a --flavour is randomly initialised: no weights read
     check_output_file("--metrics", metrics)
     check_output_folder("--export-hf", export_hf)
+    from assay.train.export import check_export_target  # torch-free: the target is checked before torch loads
+
+    check_export_target(export_hf)
     check_output_folder("--checkpoint-dir", checkpoint_dir)
 
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +72,8 @@ class TrainModel:
         raise NotImplementedError
 
     def export(self, out_dir: Path, full_state_dict: dict) -> list[Path]:
-        """Write a Transformers checkpoint from a full (gathered) state dict; rank 0 only."""
+        """Write a Transformers checkpoint from a full (gathered) state dict into out_dir (a fresh staging
+        folder: assay.train.export makes the write atomic); rank 0 only."""
         raise NotImplementedError
 
     def describe(self) -> dict:
@@ -177,18 +175,9 @@ class HFModel(TrainModel):
         from transformers import AutoTokenizer
 
         out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-        try:
-            self.model.save_pretrained(staging, state_dict=full_state_dict)
-            AutoTokenizer.from_pretrained(self.checkpoint).save_pretrained(staging)
-            written = []
-            for staged in sorted(staging.iterdir()):  # one rename per file: each file is whole or absent
-                os.replace(staged, out_dir / staged.name)
-                written.append(out_dir / staged.name)
-            return written
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        self.model.save_pretrained(out_dir, state_dict=full_state_dict)
+        AutoTokenizer.from_pretrained(self.checkpoint).save_pretrained(out_dir)
+        return sorted(out_dir.iterdir())
 
 
 def load_model(choice: ModelChoice, device: torch.device, dtype: torch.dtype) -> TrainModel:
@@ -214,8 +203,14 @@ def load_model(choice: ModelChoice, device: torch.device, dtype: torch.dtype) ->
 def _load_hf(folder: Path, config: dict, device: torch.device, dtype: torch.dtype) -> HFModel:
     from transformers import AutoModelForCausalLM
 
+    from assay.models.hf_checkpoint import INDEX_FILE, SINGLE_FILE
+
+    # Safetensors only, as on the native path: a pytorch_model.bin is a pickle, and training never
+    # unpickles a file it did not write (not even with torch.load's weights_only allow-list).
+    if not ((folder / SINGLE_FILE).is_file() or (folder / INDEX_FILE).is_file()):
+        raise AssayError(f"the checkpoint at {folder} has neither {SINGLE_FILE} nor {INDEX_FILE} (training reads safetensors only)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
     except (OSError, ValueError, KeyError) as error:
         raise AssayError(f"Transformers cannot load {folder} as a causal LM: {str(error).splitlines()[0]}") from None
     return HFModel(model.to(device), folder, config)

@@ -6,15 +6,13 @@ so a probe result on `zoo/qwen3` means the same thing on every machine.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import zlib
 from pathlib import Path
 
 import torch
 
 from assay.core.errors import AssayError
-from assay.core.files import atomic_write_json
+from assay.core.files import atomic_folder, atomic_write_json, reporting_disk_full
 from assay.zoo.entries import IMAGE_TEXT, ZOO, ZooEntry
 from assay.zoo.identity import STAMP_FILE, fingerprint, zoo_identity
 from assay.core.tokens import TOKEN_IDS
@@ -28,14 +26,12 @@ def entry_seed(name: str) -> int:
 
 
 def build_entry(entry: ZooEntry, target: Path) -> Path:
-    """Write one checkpoint folder: built in a temporary folder, then renamed into place."""
+    """Write one checkpoint folder: built in a staging folder beside it, then swapped in (core.files.atomic_folder)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
     from assay.zoo.tokenizer import write_tokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=target.parent))
-    try:
+    with atomic_folder(target) as staging:  # a reader sees the previous entry or the new one, never half of one
         torch.manual_seed(entry_seed(entry.name))
         if entry.builder is not None:
             entry.builder(entry, staging, entry_seed(entry.name))
@@ -58,12 +54,6 @@ def build_entry(entry: ZooEntry, target: Path) -> Path:
              "architecture": entry.architecture, "features": list(entry.features), "seed": entry_seed(entry.name),
              "files": fingerprint(staging)},
         )
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
     return target
 
 
@@ -120,7 +110,9 @@ def build_zoo(out: str | Path, names: list[str] | None = None, force: bool = Fal
         for entry in entries:
             folder = out / entry.name
             if force or not is_built(folder, entry):
-                build_entry(entry, folder)
+                kept = f"{folder} is as it was" if folder.exists() else f"nothing written at {folder}"
+                with reporting_disk_full(f"zoo entry {folder}", kept=kept):
+                    build_entry(entry, folder)
             built.append(folder)
             advance(entry.name)
     atomic_write_json(out / CATALOG_FILE, {"format": ZOO_FORMAT, "entries": catalog_rows()})

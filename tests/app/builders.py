@@ -55,7 +55,8 @@ def mixed_rows() -> list[dict]:
     """Two CPU stacks and a GPU one: a regression, a fix, a skip, shared failure signatures, an XSS plant."""
     shape_error = "RuntimeError: shape '[1, {n}]' is invalid for input of size {m} at 0x7f{h}"
     return [
-        zoo("qwen3", "Qwen/Qwen3-0.6B", OLD, compile_s=5.5, peak_memory_bytes=512 * 2**20, **drift([0.0, 2e-7, 4e-7])),
+        zoo("qwen3", "Qwen/Qwen3-0.6B", OLD, compile_s=5.5, peak_memory_bytes=512 * 2**20, **drift([0.0, 2e-7, 4e-7]),
+            **evaluated([0.71, 0.59], [0.71, 0.59], [1.0, 1.0])),
         zoo("llama", "meta-llama/Llama-3.2-1B", OLD, compile_s=3.0),
         zoo("gpt2", "openai-community/gpt2", OLD, "SKIPPED", reason="low priority: deliberately not run"),
         zoo("mistral", "mistralai/Mistral-7B-v0.1", OLD, "FAIL_COMPILE", reason="Unsupported: call_function",
@@ -72,7 +73,8 @@ def mixed_rows() -> list[dict]:
         make_row(XSS_MODEL, stack=NEW, status="FAIL_LOAD", task="text-generation", versions=versions("2.14.0", "5.25.0"),
                  reason='<img src=z onerror="window.__xss=5">', error=XSS_ERROR, run_py=XSS_RUN_PY, command="assay probe '<b>x</b>'"),
         zoo("qwen3", "Qwen/Qwen3-0.6B", GPU, device="cuda:0", device_name="NVIDIA H200", num_devices=2, parallelism="tensor",
-            versions=versions("2.14.0", "5.25.0", triton="3.10.0"), **drift([1e-3, 2e-2, 5e-2])),
+            versions=versions("2.14.0", "5.25.0", triton="3.10.0"), **drift([1e-3, 2e-2, 5e-2]),
+            **evaluated([0.70, 0.52], [0.71, 0.59], [0.97, 0.90])),
     ]
 
 
@@ -81,6 +83,17 @@ def drift(max_rel: list[float]) -> dict:
     return dict(logit_max_rel=max_rel, logit_max_abs=[10 * v for v in max_rel], logit_cosine=[1 - v for v in max_rel],
                 logit_max_rel_max=max(max_rel), logit_max_abs_max=10 * max(max_rel), logit_cosine_min=1 - max(max_rel),
                 logit_reference_dtype="float32")
+
+
+def evaluated(accuracy: list[float], reference: list[float], agreement: list[float]) -> dict:
+    """Schema 5's eval columns for a row of the two embedded tasks (100 items each; the first items changed
+    answer), with the verdict eval_compare gives them."""
+    from assay.compat.eval_compare import TaskComparison, row_columns
+
+    comparisons = [TaskComparison(task, 100, a, r, g, 0.5 * (1 - g) + 1e-4, list(range(round(100 * (1 - g)))), 12.0, 30.0)
+                   for task, a, r, g in zip(("assay_cloze", "assay_next_sentence"), accuracy, reference, agreement)]
+    return row_columns(comparisons) | {"eval_graphs": 2, "eval_recompiles": 1, "eval_reference_cache_hit": True,
+                                       "eval_reference_dtype": "float32", "eval_s": 84.0}
 
 
 def recorded_catalog():

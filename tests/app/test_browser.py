@@ -222,3 +222,23 @@ def test_a_triaged_failure_shows_its_repro_with_copy_and_download_and_the_drift_
     page.locator("#model-drift img").first.wait_for(state="attached", timeout=TIMEOUT_MS)
     page.get_by_role("tab", name="Charts").click()
     page.locator("#drift-plot img").first.wait_for(state="attached", timeout=TIMEOUT_MS)
+
+
+@pytest.mark.slow
+def test_a_model_page_shows_the_eval_table_next_to_the_drift_table(served_app, page, tmp_path):
+    page.goto(f"{served_app}?model=Qwen/Qwen3-0.6B&stack={GPU}")
+    _wait_value(page, page.locator("#result-line textarea, #result-line input").first, "PASS")
+    evals = page.locator("#eval-table")
+    evals.get_by_text("assay_next_sentence", exact=True).first.wait_for(state="attached", timeout=TIMEOUT_MS)
+    text = evals.inner_text()
+    assert "assay_cloze" in text and "0.52" in text and "0.59" in text and "-0.07" in text and "0.90" in text
+    page.locator("#drift-table").get_by_text("0.05", exact=True).first.wait_for(state="attached", timeout=TIMEOUT_MS)
+    # The two tables sit side by side: the drift table's left edge is left of the eval table's, their tops level.
+    drift_box, eval_box = page.locator("#drift-table").bounding_box(), evals.bounding_box()
+    assert drift_box["x"] + drift_box["width"] <= eval_box["x"] + 1 and abs(drift_box["y"] - eval_box["y"]) < 40
+    note = page.locator("#eval-note textarea, #eval-note input").first
+    _wait_value(page, note, "DISAGREE: assay_next_sentence: agreement 0.90 < 0.95")
+    # The eval's verdict in the per-stack table, coloured like a status (red: it disagreed; green: it agreed).
+    assert _cell_style(page, "model-stacks", "DISAGREE 0.90") == "rgb(251, 213, 213)"
+    assert _cell_style(page, "model-stacks", "AGREE 1.00") == "rgb(211, 240, 217)"
+    page.screenshot(path=tmp_path / "model-eval.png", full_page=True)

@@ -270,3 +270,24 @@ def test_a_triaged_result_detail_has_its_repro_and_says_whether_it_reproduces(mi
     assert untriaged.repro_py == "" and untriaged.repro_note.startswith("not triaged: assay triage RESULTS --model assay-zoo/mistral")
     facts = dict(zip(detail.facts["what"], detail.facts["value"]))
     assert SETATTR_BREAK in facts["graph breaks and recompiles (dynamo's reasons)"]
+
+
+def test_a_model_page_shows_the_eval_table_next_to_the_drift_table(mixed_results):
+    snapshot = load_snapshot(mixed_results)
+    page = model_page(snapshot, zoo_catalog(), "Qwen/Qwen3-0.6B")
+    assert list(page.table["eval"]) == ["AGREE 1.00", "", "DISAGREE 0.90"]  # OLD, NEW (no eval), GPU
+    rows = {row["stack_id"]: row for row in page.results}
+    gpu = result_detail(rows[GPU])
+    assert list(gpu.eval["task"]) == ["assay_cloze", "assay_next_sentence"]
+    cloze, sentence = (dict(zip(gpu.eval.columns, line)) for line in gpu.eval.itertuples(index=False))
+    assert (sentence["device acc"], sentence["reference acc"], sentence["difference"], sentence["agreement"]) == ("0.52", "0.59", "-0.07", "0.90")
+    assert cloze["items"] == "100" and cloze["device s"] == "12" and cloze["reference s"] == "30"
+    assert gpu.eval_note.startswith("DISAGREE: assay_next_sentence: agreement 0.90 < 0.95") and "answers changed on 13 items: assay_cloze#0" in gpu.eval_note
+    assert list(gpu.drift["step"]) == ["0", "1", "2"] and list(gpu.drift["max rel"]) == ["0.001", "0.02", "0.05"]
+    plain = result_detail(rows[NEW])
+    assert plain.eval.empty and plain.eval_note.startswith("no eval recorded") and plain.drift.empty
+    listing = list_view(snapshot, zoo_catalog(), ALL_RESULTS, Filters(stack=GPU))
+    assert list(listing.table["eval"]) == ["DISAGREE 0.90"]
+    from assay.app.data import status_kind
+
+    assert status_kind("DISAGREE 0.90") == "failure" and status_kind("AGREE 1.00") == "pass"

@@ -11,6 +11,7 @@ import torch
 
 from assay.compat.judge import SMOLLM2_Q4_1_SHA256, default_judge, judge_text
 from assay.compat.probe import ProbeRequest, probe
+from assay.core.numerics import tolerance
 from assay.zoo.corpus import corpus_split
 from assay.zoo.real import smollm2_gguf_path, source_record
 
@@ -49,11 +50,21 @@ def test_zoo_real_writes_the_same_folder_again_with_progress_and_a_summary(real_
 
 
 @pytest.mark.inductor
-def test_converted_model_passes_the_probe_under_inductor(real_model_dir):
-    row = probe(ProbeRequest(str(real_model_dir), backend="inductor", new_tokens=8, reference_cache=None))
+def test_converted_model_passes_the_probe_under_inductor_and_scores_the_tasks_as_the_reference(real_model_dir):
+    row = probe(ProbeRequest(str(real_model_dir), backend="inductor", new_tokens=8, reference_cache=None,
+                             eval_tasks=("assay_cloze", "assay_next_sentence")))
     assert row["task"] == "text-generation" and row["architecture"] == "LlamaForCausalLM"
     assert row["status"] == "PASS", (row["reason"], row["error"])
     assert row["graphs"] >= 1
+    # --eval: the compiled model answers every item of both embedded tasks as the CPU eager reference does.
+    assert row["eval_status"] == "AGREE", (row["eval_reason"], row["eval_error"])
+    assert row["eval_agreement"] == [1.0, 1.0] and row["eval_disagreements"] == []
+    assert row["eval_accuracy"] == row["eval_reference_accuracy"] and row["eval_items"] == [100, 100]
+    assert row["eval_accuracy"][0] > 0.5 and row["eval_accuracy"][1] > 0.4  # a real model: far above chance (0.25)
+    # Log-likelihoods of these items are at most 150 nats (the reference's largest: 149.2, a whole candidate sentence): the
+    # compiled-vs-eager float32 tolerance of them. Measured: 1.1e-5 and 6.9e-5 nats (README).
+    assert max(row["eval_loglik_max_diff"]) <= tolerance("compiled_vs_eager", torch.float32) * 150, row["eval_loglik_max_diff"]
+    assert 1 <= row["eval_graphs"] <= 3 and row["eval_recompiles"] == row["eval_graphs"] - 1
 
 
 # ------------------------------------------------------------------ the judge

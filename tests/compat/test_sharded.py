@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from assay.compat.judge import judge_text
 from assay.compat.probe import ProbeRequest, probe
+from assay.core.numerics import tolerance
 from assay.zoo.corpus import corpus_split
 
 
@@ -85,3 +87,18 @@ def test_expert_parallel_moe_probe_matches_the_single_device_run(zoo_dir):
     row = probe(ProbeRequest(str(zoo_dir / "qwen3-moe"), backend="aot_eager", new_tokens=6, devices=2, parallelism="expert"))
     assert row["status"] == "PASS", (row["reason"], row["error"])
     assert row["parallelism"] == "expert" and row["generated_tokens"] == row["reference_tokens"]
+
+
+@pytest.mark.distributed
+def test_a_judged_sharded_probe_gets_the_eval_and_drift_columns_of_a_single_device_row(zoo_dir, judge):
+    # Tensor parallel over 2 ranks: every rank scores the task (each forward is a collective), rank 0 records.
+    row = probe(ProbeRequest(str(zoo_dir / "qwen3-pretrained"), backend="aot_eager", new_tokens=6, devices=2, judge=judge,
+                             eval_tasks=("assay_next_sentence",)))
+    assert row["status"] == "PASS" and row["check"] == "tokens-vs-cpu-eager+judge", (row["reason"], row["error"])
+    assert row["eval_status"] == "AGREE" and row["eval_tasks"] == ["assay_next_sentence"] and row["eval_items"] == [100], row["eval_reason"]
+    assert row["eval_accuracy"] == row["eval_reference_accuracy"] and row["eval_agreement"] == [1.0]
+    assert row["eval_graphs"] >= 1 and row["eval_seconds"][0] > 0
+    # The logit drift of rank 0's generation against the single-device reference: float32 round-off of a
+    # sharded reduction, per compared step.
+    assert len(row["logit_max_rel"]) == 6 and row["logit_max_rel_max"] <= tolerance("model_logits", torch.float32)
+    assert row["logit_cosine_min"] > 0.999999

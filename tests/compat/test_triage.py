@@ -115,7 +115,7 @@ def test_schema_3_files_still_read_with_the_new_columns_null(tmp_path):
     write_row(tmp_path, row | {"stack_id": "cpu-eager-v4", "logit_max_rel_max": 0.5})
     rows = {r["stack_id"]: r for r in query(tmp_path)}
     assert rows["cpu-eager-v3"]["schema_version"] == 3 and rows["cpu-eager-v3"]["logit_max_rel"] is None
-    assert rows["cpu-eager-v4"]["schema_version"] == SCHEMA_VERSION == 4
+    assert rows["cpu-eager-v4"]["schema_version"] == SCHEMA_VERSION
     assert diff_stacks(tmp_path, "v3", "v4").changes[0].kind == "both_pass"  # no drift on the base: nothing to compare
 
 

@@ -113,3 +113,24 @@ register_backend(name="test_no_rsqrt", compiler_fn=aot_autograd(fw_compiler=_ref
 register_backend(name="test_wrong_silu", compiler_fn=aot_autograd(fw_compiler=_scale_output(aten.silu.default, 3.0)))
 # The same fault, small: tokens still equal the reference's, only the logit drift shows it.
 register_backend(name="test_nudged_silu", compiler_fn=aot_autograd(fw_compiler=_scale_output(aten.silu.default, 1.01)))
+
+
+def _scale_logits(factor: float):
+    """Scale the output of one matmul, the LM head's (the aten.mm whose result has a column per vocabulary
+    entry): a kernel computing one op at the wrong scale. Greedy tokens survive (the argmax of 2x logits is
+    the argmax), but every log-probability sharpens, which reorders a multiple-choice task's answers."""
+    def compiler(gm: torch.fx.GraphModule, example_inputs):
+        for node in list(gm.graph.nodes):
+            value = node.meta.get("val")
+            if node.target is aten.mm.default and value is not None and value.shape[-1] == VOCAB:
+                with gm.graph.inserting_after(node):
+                    scaled = gm.graph.call_function(aten.mul.Tensor, (node, factor))
+                node.replace_all_uses_with(scaled, delete_user_cb=lambda user: user is not scaled)
+        gm.recompile()
+        return gm
+
+    return compiler
+
+
+# The LM head's matmul at twice its value (docs/dataset.md, "The eval"): tokens pass, the eval's answers do not.
+register_backend(name="test_hot_logits", compiler_fn=aot_autograd(fw_compiler=_scale_logits(2.0)))

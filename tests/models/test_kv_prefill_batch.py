@@ -110,8 +110,9 @@ def test_a_second_chunk_continues_the_first(reference):
         rest = [p[n:] for p, n in zip(prompts[:2], FIRST_CHUNK[:2])] + [prompts[2]]
         second, second_lengths = _padded(rest, vocab)
         starts = torch.tensor([FIRST_CHUNK[0], FIRST_CHUNK[1], 0])
+        after_first = _clone(chunked)
         got = adapter.prefill_batch(second, slots, chunked, lengths=second_lengths, start_positions=starts)
-        every = adapter.prefill_batch(second, slots, _clone(chunked), lengths=second_lengths, start_positions=starts, all_logits=True)
+        every = adapter.prefill_batch(second, slots, after_first, lengths=second_lengths, start_positions=starts, all_logits=True)
         forward = [adapter.model(prompt[None])[0] for prompt in prompts]
     for row, want in enumerate(logits):
         assert_close("model_logits", got[row], want, torch.float32)

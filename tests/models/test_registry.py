@@ -27,7 +27,7 @@ ARCHS = registry.names()
 
 
 def test_the_registry_holds_every_native_architecture():
-    assert {"qwen3", "gla", "llama"} <= set(ARCHS)
+    assert {"qwen3", "gla", "llama", "gemma3"} <= set(ARCHS)
     assert registry.for_config({"model_type": "qwen3_moe"}).name == "qwen3"
     assert registry.for_config({"model_type": "mistral"}).name == "llama"
     assert registry.find("gpt2") is None
@@ -134,7 +134,7 @@ def test_export_and_reload(tiny, tmp_path):
 # ---------------------------------------------------------------- the layering the registry stands for
 
 ASSAY = Path(__file__).resolve().parents[2] / "assay"
-ARCH_LITERAL = r"[\"'](gla|qwen3|qwen3_moe|llama|mistral)[\"']"
+ARCH_LITERAL = r"[\"'](gla|qwen3|qwen3_moe|llama|mistral|gemma3|gemma3_text)[\"']"
 
 
 def test_no_architecture_conditionals_outside_assay_models():

@@ -284,10 +284,11 @@ def test_seeded_sampling_is_reproducible(server):
         ({"prompt": ""}, 400, "the prompt is empty"),
         ({"prompt": [1, 2], "max_tokens": 5000}, 400, "max_tokens must be an integer in [1, 4096]"),
         ({"prompt": [1, 2], "model": "gpt-4"}, 404, "the model 'gpt-4' does not exist"),
+        ({"prompt": [1, 2], "stream_options": {"include_usage": True}}, 400, "stream_options needs stream: true"),
     ],
     ids=["malformed-json", "no-prompt", "nested-prompt-of-strings", "float-token", "mixed-batch", "empty-list", "string-max-tokens",
          "zero-max-tokens", "negative-temperature", "n-0", "n-over-slots", "top-p-0", "top-k-2", "logprobs-21", "seed-2-64",
-         "token-out-of-vocab", "empty-prompt", "too-many-tokens", "unknown-model"],
+         "token-out-of-vocab", "empty-prompt", "too-many-tokens", "unknown-model", "stream-options-without-stream"],
 )
 def test_bad_requests_get_a_clear_error(server, body, status, message):
     response = post(server.url, body)
@@ -517,6 +518,8 @@ def test_assay_serve_answers_and_exits_cleanly_on_signal(zoo_dir, reference, sto
         (["--port", "70000"], "--port must be in [0, 65535]"),
         (["--replicas", "2"], "--replicas needs --executor ray"),
         (["--executor", "k8s"], "unknown --executor 'k8s': local or ray"),
+        (["--api-key", "two words"], "--api-key (or ASSAY_API_KEY) must be a non-empty string without spaces"),
+        (["--max-request-bytes", "10"], "--max-request-bytes must be at least 1024, got 10"),
     ],
 )
 def test_assay_serve_bad_flags_exit_2_with_one_line(zoo_dir, assay_cli, flags, message):

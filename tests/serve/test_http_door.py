@@ -149,7 +149,7 @@ def test_an_oversized_prompt_is_refused_by_its_length_in_characters_without_toke
     print(f"tokenising 1/16 of the prompt {sixteenth_s * 1e3:.0f} ms; a normal request {min(normal) * 1e3:.1f} ms; "
           f"the refusal {min(refused) * 1e3:.1f} ms (3.15 MB of JSON sent and parsed)")
     assert min(refused) < sixteenth_s
-    assert min(refused) < 2 * min(normal) + 0.05  # parsing 3 MB of JSON is part of it
+    assert min(refused) < 3 * min(normal) + 0.1  # parsing 3 MB of JSON is part of it
     # The same text as a chat message, and as one prompt of a batch, is refused the same way.
     response = httpx.post(f"{handle.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": text}]}, timeout=30)
     assert response.status_code == 400 and "characters" in _error(response)["message"]

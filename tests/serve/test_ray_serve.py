@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -92,6 +93,9 @@ def test_two_ray_serve_replicas_share_the_requests_and_metrics_sum_them(zoo_dir,
         assert process.returncode == 0, stderr[-3000:]
         assert stdout.strip().endswith("stopped")
         assert KEY not in stdout + stderr
+        # Nor in any log Ray wrote (controller, proxy, replicas) under its temp dir.
+        logs = [path for path in Path(ray_tmp).rglob("*") if path.is_file() and path.suffix in (".log", ".out", ".err", ".json")]
+        assert len(logs) > 10 and not [path for path in logs if KEY.encode() in path.read_bytes()]
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)

@@ -19,14 +19,14 @@ def train_zoo(zoo_dir) -> Path:
     return zoo_dir
 
 
-def run_torchrun(processes: int, *assay_args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_torchrun(processes: int, *assay_args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m torch.distributed.run --nproc-per-node N -m assay ...`; the whole process group is
     killed on timeout, so no rank outlives the test."""
     env = os.environ | {
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         "OMP_NUM_THREADS": "1",
         "TORCH_CPP_LOG_LEVEL": "ERROR",
-    }
+    } | (env or {})
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), "-m", "assay", *assay_args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True)
     try:

@@ -1,7 +1,7 @@
 """Softmax attention: the kernel seam CausalAttention (kernel "attention"), WindowedCausalAttention (a
-window, a query scale or a logit soft-cap: what that kernel does not do), masked attention over a KV
-cache, and Attention, the q/k/v/o layer every softmax-attention model here builds with switches
-(projection biases, per-head q/k norms, window, scale, soft-cap).
+window or a query scale: what that kernel does not do), masked attention over a KV cache, and Attention,
+the q/k/v/o layer every softmax-attention model here builds with switches (projection biases, per-head
+q/k norms, window, scale).
 
 Three ways through one Attention:
   forward(x, cos, sin)         training: the rope and sdpa seams over the sequence
@@ -25,23 +25,13 @@ if TYPE_CHECKING:
     from assay.models.common.kv_cache import DecodeStep, PrefillStep
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None,
-                     softcap: float | None = None) -> torch.Tensor:
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """q: [B, Tq, Hq, D]; k, v: [B, Tk, Hkv, D]; mask: [B or 1, 1, Tq, Tk] bool (True: visible) -> [B, Tq, Hq, D].
-
-    scale None: head_dim ** -0.5. With a soft-cap the scores go cap * tanh(scores / cap) before the mask
-    and the float32 softmax, as Transformers' eager attention (SDPA has no soft-cap).
-    """
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if softcap is None:
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-        return attended.transpose(1, 2)
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    scores = torch.tanh(scores / softcap) * softcap
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
-    return (probs @ v).transpose(1, 2)
+    scale None: head_dim ** -0.5."""
+    attended = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2]
+    )
+    return attended.transpose(1, 2)
 
 
 def causal_window_mask(seq_len: int, window: int | None, device) -> torch.Tensor:
@@ -56,7 +46,6 @@ class CausalAttention(nn.Module):
     """Causal softmax attention over [B, T, H, D]; grouped-query (fewer k/v heads) handled by SDPA."""
 
     scale: float | None = None  # what the masked (cached) paths use: head_dim ** -0.5
-    softcap: float | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [B, T, Hq, D]; k, v: [B, T, Hkv, D] -> [B, T, Hq, D]
@@ -67,27 +56,27 @@ class CausalAttention(nn.Module):
 
 
 class WindowedCausalAttention(nn.Module):
-    """Causal attention with a sliding window (each token sees itself and window - 1 predecessors), a
-    query scale other than head_dim ** -0.5 and/or a logit soft-cap. Not a CausalAttention: the
-    "attention" kernel implements none of these, so it never replaces this module."""
+    """Causal attention with a sliding window (each token sees itself and window - 1 predecessors) and/or
+    a query scale other than head_dim ** -0.5. Not a CausalAttention: the "attention" kernel implements
+    neither, so it never replaces this module."""
 
-    def __init__(self, window: int | None = None, scale: float | None = None, softcap: float | None = None):
+    def __init__(self, window: int | None = None, scale: float | None = None):
         super().__init__()
-        self.window, self.scale, self.softcap = window, scale, softcap
+        self.window, self.scale = window, scale
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [B, T, Hq, D]; k, v: [B, T, Hkv, D] -> [B, T, Hq, D]
-        if self.window is None and self.softcap is None:
+        if self.window is None:
             attended = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=self.scale,
                 enable_gqa=q.shape[2] != k.shape[2],
             )
             return attended.transpose(1, 2)
         mask = causal_window_mask(q.shape[1], self.window, q.device)[None, None]
-        return masked_attention(q, k, v, mask, self.scale, self.softcap)
+        return masked_attention(q, k, v, mask, self.scale)
 
     def extra_repr(self) -> str:
-        return f"window={self.window}, scale={self.scale}, softcap={self.softcap}"
+        return f"window={self.window}, scale={self.scale}"
 
 
 class Attention(nn.Module):
@@ -95,13 +84,13 @@ class Attention(nn.Module):
     seam `rope` and the attention seam `sdpa`.
 
     Switches: bias (q, k, v, o projections), qk_norm_eps (None: no q/k norm), unit_offset (Gemma's
-    1 + weight norms), window (sliding-window layer), scale (None: head_dim ** -0.5), softcap.
+    1 + weight norms), window (sliding-window layer), scale (None: head_dim ** -0.5).
     The local head count is inferred from the projected width, so column-sharded wq/wk/wv work as is.
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, *, bias: bool = False,
                  qk_norm_eps: float | None = None, unit_offset: bool = False, window: int | None = None,
-                 scale: float | None = None, softcap: float | None = None):
+                 scale: float | None = None):
         super().__init__()
         self.head_dim = head_dim
         self.window = window
@@ -113,8 +102,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, qk_norm_eps, unit_offset) if qk_norm_eps is not None else nn.Identity()
         self.k_norm = RMSNorm(head_dim, qk_norm_eps, unit_offset) if qk_norm_eps is not None else nn.Identity()
         self.rope = RotaryEmbedding()
-        plain = window is None and scale is None and softcap is None
-        self.sdpa = CausalAttention() if plain else WindowedCausalAttention(window, scale, softcap)
+        self.sdpa = CausalAttention() if window is None and scale is None else WindowedCausalAttention(window, scale)
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x: [B, T, dim] -> q: [B, T, Hq, D]; k, v: [B, T, Hkv, D] (q, k normalised, before the rotary)
@@ -145,7 +133,7 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, k, step.cos, step.sin)
             cached_k, cached_v = (part[step.slot_ids].to(q.dtype) for part in step.cache)  # [B, L, Hkv, D]
             keys, values = torch.cat([cached_k, k], dim=1), torch.cat([cached_v, v], dim=1)
-            attended = masked_attention(q, keys, values, step.mask, self.sdpa.scale, self.sdpa.softcap)
+            attended = masked_attention(q, keys, values, step.mask, self.sdpa.scale)
         step.write(k, v)
         return self.wo(attended.reshape(batch, seq_len, -1))
 
@@ -158,5 +146,5 @@ class Attention(nn.Module):
         cache_k.index_put_((step.slot_ids, step.index), k[:, 0].to(cache_k.dtype))
         cache_v.index_put_((step.slot_ids, step.index), v[:, 0].to(cache_v.dtype))
         keys, values = cache_k[step.slot_ids].to(q.dtype), cache_v[step.slot_ids].to(q.dtype)  # [W, L, Hkv, D]
-        attended = masked_attention(q, keys, values, step.visible, self.sdpa.scale, self.sdpa.softcap)
+        attended = masked_attention(q, keys, values, step.visible, self.sdpa.scale)
         return self.wo(attended.reshape(x.shape[0], 1, -1))

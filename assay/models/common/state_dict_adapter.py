@@ -29,6 +29,14 @@ HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 NATIVE_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
+# Transformers' names of the shared layers' tensors (after `model.layers.{i}.`), weights and biases: what
+# Llama, Qwen3 and Gemma 3 checkpoints call the Attention and MLP of assay.models.common.
+HF_ATTENTION_KEYS = {f"attention.w{n}.{kind}": f"self_attn.{n}_proj.{kind}" for n in "qkvo" for kind in ("weight", "bias")}
+HF_QK_NORM_KEYS = {"attention.q_norm.weight": "self_attn.q_norm.weight", "attention.k_norm.weight": "self_attn.k_norm.weight"}
+HF_MLP_KEYS = {f"mlp.{w}.{kind}": f"mlp.{proj}.{kind}" for w, proj in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj"))
+               for kind in ("weight", "bias")}
+
+
 def few(keys, limit: int = 5) -> str:
     """Up to `limit` keys, sorted, then how many there are in all."""
     keys = sorted(keys)

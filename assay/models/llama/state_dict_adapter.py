@@ -8,13 +8,8 @@ from collections.abc import Mapping
 
 import torch
 
-from assay.models.common.state_dict_adapter import KeyMapAdapter
+from assay.models.common.state_dict_adapter import HF_ATTENTION_KEYS, HF_MLP_KEYS, KeyMapAdapter
 from assay.models.llama.args import LlamaArgs
-
-# Native key (after `layers.{i}.`) -> Transformers key (after `model.layers.{i}.`), biases included.
-ATTENTION_KEYS = {f"attention.w{n}.{kind}": f"self_attn.{n}_proj.{kind}" for n in "qkvo" for kind in ("weight", "bias")}
-MLP_KEYS = {f"mlp.{w}.{kind}": f"mlp.{proj}.{kind}" for w, proj in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj"))
-            for kind in ("weight", "bias")}
 
 
 class LlamaStateDictAdapter(KeyMapAdapter):
@@ -22,8 +17,8 @@ class LlamaStateDictAdapter(KeyMapAdapter):
     PER_LAYER = {
         "attention_norm.weight": "input_layernorm.weight",
         "ffn_norm.weight": "post_attention_layernorm.weight",
-        **ATTENTION_KEYS,
-        **MLP_KEYS,
+        **HF_ATTENTION_KEYS,
+        **HF_MLP_KEYS,
     }
 
     def layer_keys(self, layer_id: int) -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from assay.core.errors import AssayError
-from assay.models.common.state_dict_adapter import KeyMapAdapter, Reading, checkpoint_layers
+from assay.models.common.state_dict_adapter import HF_ATTENTION_KEYS, HF_MLP_KEYS, HF_QK_NORM_KEYS, KeyMapAdapter, Reading
 from assay.models.qwen3.args import Qwen3Args
 
 # Stacked native expert tensor -> the per-expert HF projection it is made of.
@@ -31,12 +31,9 @@ class Qwen3StateDictAdapter(KeyMapAdapter):
     PER_LAYER = {
         "attention_norm.weight": "input_layernorm.weight",
         "ffn_norm.weight": "post_attention_layernorm.weight",
-        **{f"attention.w{n}.weight": f"self_attn.{n}_proj.weight" for n in "qkvo"},
-        "attention.q_norm.weight": "self_attn.q_norm.weight",
-        "attention.k_norm.weight": "self_attn.k_norm.weight",
-        "mlp.w1.weight": "mlp.gate_proj.weight",
-        "mlp.w2.weight": "mlp.down_proj.weight",
-        "mlp.w3.weight": "mlp.up_proj.weight",
+        **HF_ATTENTION_KEYS,
+        **HF_QK_NORM_KEYS,
+        **HF_MLP_KEYS,
         "moe.router.weight": "mlp.gate.weight",
     }
 
@@ -114,4 +111,4 @@ def from_hf(hf_state_dict: Mapping[str, torch.Tensor], args: Qwen3Args, slice_ex
     return Qwen3StateDictAdapter(args).from_hf(hf_state_dict, slice_experts)
 
 
-__all__ = ["Qwen3StateDictAdapter", "checkpoint_layers", "from_hf", "to_hf"]
+__all__ = ["Qwen3StateDictAdapter", "from_hf", "to_hf"]
