@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cli import REPO, run_assay  # noqa: F401  (re-exported: tests import them from here or from helpers.cli)
+
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every test uses local checkpoints; a Hub call is a bug
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_user_cache(tmp_path_factory):
@@ -36,14 +35,6 @@ def zoo_dir(tmp_path_factory) -> Path:
     folder = Path(os.environ["ASSAY_TEST_ZOO"]) if os.environ.get("ASSAY_TEST_ZOO") else tmp_path_factory.mktemp("zoo")
     build_zoo(folder, progress=False)
     return folder
-
-
-def run_assay(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The real `assay` command in a subprocess: exit code, stdout and stderr as a user sees them."""
-    return subprocess.run(
-        [sys.executable, "-m", "assay", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-        env=os.environ.copy() | (env or {}),
-    )
 
 
 @pytest.fixture

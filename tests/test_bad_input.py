@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from compat.test_dataset import make_row
-from conftest import run_assay
+from helpers.cli import run_assay
 
 from assay.compat.dataset import MARKER, write_rows
 from assay.core.checks import TOKENIZER_FILES

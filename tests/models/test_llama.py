@@ -117,7 +117,7 @@ def test_fsdp2_and_tp_at_two_ranks_match_one_process(zoo_dir, flags):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-    from conftest import run_torchrun  # tests/train/conftest.py: torchrun in a subprocess, killed on timeout
+    from helpers.cli import run_torchrun  # torchrun in a subprocess, killed on timeout
 
     from assay.train import TrainRequest, train
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_assay
+from helpers.cli import run_assay
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers.cli import REPO
 
 from assay.selftest import SelftestRequest, plan, run_selftest
 from assay.selftest.runner import MIN_PART_S

@@ -62,7 +62,7 @@ def assert_killed_as_planned(kill: str, folder, records: list[dict]) -> None:
 @pytest.fixture(scope="module")
 def unbroken(train_zoo, tmp_path_factory):
     """One uninterrupted run per path: the reference every resumed run must equal."""
-    from conftest import run_assay
+    from helpers.cli import run_assay
 
     runs = {}
     for path in ("native", "hf"):
