@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.cli import REPO, run_assay  # noqa: F401  (re-exported: tests import them from here or from helpers.cli)
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
