@@ -6,18 +6,20 @@
 The server is a subprocess (`python -m assay serve`, eager by default: no compile time on a small
 machine) over a copy of a tiny zoo model with a ChatML chat template added, so both routes serve. It is
 started with small limits so that every refusal is reachable: 4 slots, a queue of 8, prompts of at most
-256 tokens, answers of at most 48, bodies of at most 1 MiB.
+512 tokens, answers of at most 48, bodies of at most 1 MiB.
 
 `--clients` threads (default 6) each send one request after another, drawing their kind from a shuffled
-deck (every kind in each deck; the kinds are bench/serve_soak_clients.py, the report serve_soak_report.py): plain and streamed completions and chat,
-logprobs/n/seed, clients that leave mid-stream or before a plain answer, malformed JSON, unknown or
-unimplemented fields, wrong values, invalid UTF-8, prompts over the token, character and byte limits.
+deck (every kind in each deck; the kinds are in serve_soak_clients.py, the report in serve_soak_report.py):
+plain and streamed completions and chat, logprobs/n/seed/echo/stop strings, clients that leave mid-stream, before a plain answer or in the middle of
+their body, malformed JSON, unknown or unimplemented fields, wrong values, invalid UTF-8, a missing or wrong
+API key (the server requires a random one), prompts over the token, character and byte limits.
 Every `--burst-every` seconds a burst of slots + queue + 4 long requests arrives at once: some get 429.
 
 Targets (met/missed printed, and in the JSON):
   hard (exit 1 when missed): no request hangs (no byte for 30 s, or no whole answer in 90 s), none gets a
     5xx or a broken connection or an incomplete 200, every refusal has the status its kind expects, the
-    server logs no traceback and exits 0 on SIGINT, and afterwards every slot is free (/metrics);
+    server logs no traceback and exits 0 on SIGINT, its key appears neither in its log nor in /metrics,
+    and afterwards every slot is free (/metrics);
   flat over time: the server's resident memory (RSS, sampled every second) grows less than 5% after
     warm-up, warm-up being the first 20% of the run: the median of the 10% after warm-up against the
     median of the last 10%; and the last minute's p99 TTFT (at the client, streamed requests) is within
@@ -31,6 +33,7 @@ import itertools
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -52,7 +55,7 @@ CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-LIMITS = {"max_seqs": 4, "max_waiting": 8, "max_prompt_tokens": 256, "max_new_tokens": 48, "max_request_bytes": 2**20}
+LIMITS = {"max_seqs": 4, "max_waiting": 8, "max_prompt_tokens": 512, "max_new_tokens": 48, "max_request_bytes": 2**20}
 ZOO_MODELS = {"qwen3": "qwen3-pretrained", "gla": "gla-pretrained"}
 
 
@@ -78,7 +81,8 @@ def start_server(folder: Path, args, log: Path) -> tuple[subprocess.Popen, str]:
              "--max-new-tokens", LIMITS["max_new_tokens"], "--max-request-bytes", LIMITS["max_request_bytes"], "--port", 0]
     flags += ["--eager"] if args.backend is None else ["--backend", args.backend]
     command = [sys.executable, "-m", "assay", "serve", "--model", str(folder), *map(str, flags)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=os.environ.copy())
+    env = os.environ.copy() | {"ASSAY_API_KEY": args.api_key}  # by the environment: not in the process list
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
     reader.start()
@@ -209,7 +213,7 @@ def slots_after(url: str, wait_s: float = 30.0) -> dict:
         time.sleep(0.5)
 
 
-def stop_server(process: subprocess.Popen, log: Path) -> dict:
+def stop_server(process: subprocess.Popen, log: Path, api_key: str) -> dict:
     process.send_signal(signal.SIGINT)
     try:
         process.wait(timeout=60)
@@ -217,7 +221,8 @@ def stop_server(process: subprocess.Popen, log: Path) -> dict:
         process.kill()
         process.wait()
     text = log.read_text()
-    return {"exit_code": process.returncode, "tracebacks": len(re.findall(r"^Traceback", text, re.MULTILINE)), "stderr_tail": text[-3000:]}
+    return {"exit_code": process.returncode, "tracebacks": len(re.findall(r"^Traceback", text, re.MULTILINE)), "stderr_tail": text[-3000:],
+            "key_in_log": api_key in text}
 
 
 def parse_args(argv=None):
@@ -240,20 +245,22 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.load_start = os.getloadavg()
+    args.api_key = secrets.token_urlsafe(24)
     with tempfile.TemporaryDirectory(prefix="assay-soak-") as work:
         folder = model_folder(args.model, args.zoo, Path(work))
         log = Path(work) / "server.log"
         process, url = start_server(folder, args, log)
         try:
-            setup = Setup(url, folder.name, LIMITS["max_prompt_tokens"], LIMITS["max_new_tokens"], LIMITS["max_request_bytes"],
-                          args.timeout, args.deadline)
+            setup = Setup(url, folder.name, LIMITS["max_seqs"], LIMITS["max_prompt_tokens"], LIMITS["max_new_tokens"], LIMITS["max_request_bytes"],
+                          args.timeout, args.deadline, args.api_key)
             soak = Soak(setup, process.pid, args.minutes * 60, args)
             soak.run()
             slots = slots_after(url)
+            metrics_text = httpx.get(f"{url}/metrics", timeout=30).text
             health = httpx.get(f"{url}/health", timeout=30).status_code
         finally:
-            server = stop_server(process, log)
-        server["health_after"] = health
+            server = stop_server(process, log, args.api_key)
+        server |= {"health_after": health, "key_in_metrics": args.api_key in metrics_text}
     result = summarise(soak, slots, server, args, LIMITS)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, result)

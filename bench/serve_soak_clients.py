@@ -47,23 +47,26 @@ class Setup:
 
     url: str
     model: str
+    max_seqs: int
     max_prompt_tokens: int
     max_new_tokens: int
     max_request_bytes: int
     timeout: float  # no byte for this long: a hang
     deadline: float  # the whole answer later than this: a hang
+    api_key: str  # every /v1/* request carries it, except the wrong_key kind's
 
 
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "small", "birds", "sing",
-         "about", "rain", "and", "old", "stone", "bridges", "near", "quiet", "river")
+         "about", "rain", "and", "old", "stone", "bridges", "near", "quiet", "river", "naïve", "café", "日本語", "🙂", "Ωμέγα")
 
 
 def text(rng: random.Random, words: int) -> str:
+    """Words, some of them several bytes and up to about 10 tokens each: 32 words fit in 512 tokens."""
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
 def messages(rng: random.Random) -> list[dict]:
-    chat = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": text(rng, rng.randint(3, 20))}]
+    chat = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": text(rng, rng.randint(3, 12))}]
     if rng.random() < 0.5:
         chat += [{"role": "assistant", "content": text(rng, 4)}, {"role": "user", "content": text(rng, 6)}]
     return chat
@@ -74,7 +77,8 @@ class Client:
 
     def __init__(self, setup: Setup, rng: random.Random, clock: Callable[[], float]):
         self.setup, self.rng, self.clock = setup, rng, clock
-        self.http = httpx.Client(base_url=setup.url, timeout=httpx.Timeout(setup.timeout, connect=10.0))
+        self.http = httpx.Client(base_url=setup.url, timeout=httpx.Timeout(setup.timeout, connect=10.0),
+                                 headers={"Authorization": f"Bearer {setup.api_key}"})
 
     def close(self) -> None:
         self.http.close()
@@ -98,7 +102,7 @@ class Client:
     # ------------------------------------------------------------ the generating kinds
 
     def completion_body(self, **extra) -> dict:
-        prompt = text(self.rng, self.rng.randint(2, 40)) if self.rng.random() < 0.7 else [self.rng.randrange(3, 200) for _ in range(12)]
+        prompt = text(self.rng, self.rng.randint(2, 32)) if self.rng.random() < 0.7 else [self.rng.randrange(3, 200) for _ in range(12)]
         return {"model": self.setup.model, "prompt": prompt, "max_tokens": self.rng.randint(1, 32), "temperature": 0} | extra
 
     def chat_body(self, **extra) -> dict:
@@ -161,13 +165,20 @@ class Client:
         return self.streamed("/v1/chat/completions", self.chat_body(stream=True, stream_options={"include_usage": True}), chat=True)
 
     def sampling(self) -> tuple:
-        """logprobs, n and seed, on either route."""
+        """logprobs, n and seed on either route; echo with logprobs (what lm-eval sends); n and stop strings streamed."""
         seed = self.rng.randrange(2**31)
-        if self.rng.random() < 0.5:
+        choice = self.rng.randrange(4)
+        if choice == 0:
             body = self.completion_body(n=2, logprobs=2, seed=seed, temperature=0.8, top_p=0.9)
             return self.plain("/v1/completions", body, check_choices("text", n=2, logprobs="legacy"))
-        body = self.chat_body(n=2, logprobs=True, top_logprobs=2, seed=seed, temperature=0.8)
-        return self.plain("/v1/chat/completions", body, check_choices("message", n=2, logprobs="chat"))
+        if choice == 1:
+            body = self.completion_body(echo=True, logprobs=1, max_tokens=1)
+            return self.plain("/v1/completions", body, check_choices("text", logprobs="legacy"))
+        if choice == 2:
+            body = self.chat_body(n=2, logprobs=True, top_logprobs=2, seed=seed, temperature=0.8)
+            return self.plain("/v1/chat/completions", body, check_choices("message", n=2, logprobs="chat"))
+        body = self.completion_body(n=2, seed=seed, temperature=1.0, top_k=20, stop=[" the", "e"], stream=True)
+        return self.streamed("/v1/completions", body, chat=False)
 
     def disconnect_stream(self) -> tuple:
         """Streams a long answer and closes the connection after a few token events."""
@@ -175,19 +186,32 @@ class Client:
         body = (self.chat_body if chat else self.completion_body)(stream=True, max_tokens=self.setup.max_new_tokens, ignore_eos=True)
         return self.streamed(route, body, chat=chat, leave_after=self.rng.randint(1, 4))
 
+    def auth(self) -> str:
+        return f"Authorization: Bearer {self.setup.api_key}\r\nContent-Type: application/json\r\n"
+
     def disconnect_plain(self) -> tuple:
         """A non-streamed long request over a raw socket, closed before the answer comes."""
         body = json.dumps(self.completion_body(max_tokens=self.setup.max_new_tokens, ignore_eos=True)).encode()
         host, port = self.setup.url.removeprefix("http://").rsplit(":", 1)
-        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n{self.auth()}Content-Length: {len(body)}\r\n\r\n"
         with socket.create_connection((host, int(port)), timeout=self.setup.timeout) as sock:
             sock.sendall(head.encode() + body)
             time.sleep(self.rng.uniform(0.02, 0.3))
         return DISCONNECTED, None, None, ""
 
+    def partial_body(self) -> tuple:
+        """Headers that announce a body, part of it, then the connection closed (the server waits for the rest)."""
+        body = json.dumps(self.completion_body()).encode()
+        host, port = self.setup.url.removeprefix("http://").rsplit(":", 1)
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n{self.auth()}Content-Length: {len(body) + 100}\r\n\r\n"
+        with socket.create_connection((host, int(port)), timeout=self.setup.timeout) as sock:
+            sock.sendall(head.encode() + body[: self.rng.randrange(len(body))])
+            time.sleep(self.rng.uniform(0.01, 0.2))
+        return DISCONNECTED, None, None, ""
+
     # ------------------------------------------------------------ the refused kinds
 
-    def raw(self, route: str, content: bytes) -> tuple:
+    def raw(self, route: str, content) -> tuple:
         return refusal(self.http.post(route, content=content, headers={"content-type": "application/json"}))
 
     def malformed_json(self) -> tuple:
@@ -207,20 +231,36 @@ class Client:
         body = self.rng.choice([self.completion_body(max_tokens="8"), self.completion_body(temperature=-1), self.completion_body(n=0)])
         return refusal(self.http.post("/v1/completions", json=body))
 
+    def wrong_key(self) -> tuple:
+        """No Authorization header, or another key: 401, whatever the body."""
+        headers = self.rng.choice([{"Authorization": ""}, {"Authorization": "Bearer not-the-key"}, {"Authorization": self.setup.api_key}])
+        route = self.rng.choice(["/v1/completions", "/v1/chat/completions", "/v1/models"])
+        if route == "/v1/models":
+            return refusal(self.http.get(route, headers=headers))
+        return refusal(self.http.post(route, json=self.completion_body(), headers=headers))
+
     def invalid_utf8(self) -> tuple:
         bodies = [b'{"prompt": "caf\xe9"}', b'{"prompt": "\xff\xfe"}', b'{"messages": [{"role": "user", "content": "\xc3"}]}']
         return self.raw(self.rng.choice(["/v1/completions", "/v1/chat/completions"]), self.rng.choice(bodies))
 
     def over_limit(self) -> tuple:
-        """A prompt over --max-prompt-tokens (as ids, as text) or a body over --max-request-bytes."""
+        """Over a limit: a prompt over --max-prompt-tokens (ids, text), a body over --max-request-bytes (whole or
+        chunked, no Content-Length), max_tokens over --max-new-tokens, n over the slots."""
         limit = self.setup.max_prompt_tokens
-        choice = self.rng.randrange(3)
+        choice = self.rng.randrange(6)
         if choice == 0:
             return refusal(self.http.post("/v1/completions", json=self.completion_body(prompt=[7] * (limit + 1))))
         if choice == 1:
             return refusal(self.http.post("/v1/completions", json=self.completion_body(prompt="x" * (limit * 300))))
-        padding = "y" * (self.setup.max_request_bytes + 1)
-        return refusal(self.http.post("/v1/chat/completions", json=self.chat_body(messages=[{"role": "user", "content": padding}])))
+        if choice == 2:
+            padding = "y" * (self.setup.max_request_bytes + 1)
+            return refusal(self.http.post("/v1/chat/completions", json=self.chat_body(messages=[{"role": "user", "content": padding}])))
+        if choice == 3:
+            chunks = [b'{"prompt": "'] + [b"z" * 65536] * (self.setup.max_request_bytes // 65536 + 1) + [b'"}']
+            return self.raw("/v1/completions", iter(chunks))
+        if choice == 4:
+            return refusal(self.http.post("/v1/completions", json=self.completion_body(max_tokens=self.setup.max_new_tokens + 1)))
+        return refusal(self.http.post("/v1/completions", json=self.completion_body(n=self.setup.max_seqs + 1)))
 
     def burst_member(self) -> tuple:
         """One of a burst of long requests sent at once, more than the slots and the queue hold."""
@@ -280,12 +320,15 @@ KINDS: dict[str, tuple[Callable[[Client], tuple], tuple[str, ...]]] = {
     "sampling": (Client.sampling, OK),
     "disconnect_stream": (Client.disconnect_stream, (DISCONNECTED, REFUSED_429)),
     "disconnect_plain": (Client.disconnect_plain, (DISCONNECTED,)),
+    "partial_body": (Client.partial_body, (DISCONNECTED,)),
     "malformed_json": (Client.malformed_json, ("refused_400",)),
     "unknown_field": (Client.unknown_field, ("refused_400",)),
     "bad_value": (Client.bad_value, ("refused_422",)),
     "invalid_utf8": (Client.invalid_utf8, ("refused_400",)),
+    "wrong_key": (Client.wrong_key, ("refused_401",)),
     "over_limit": (Client.over_limit, ("refused_400", "refused_413")),
     "burst_member": (Client.burst_member, OK),
 }
 DECK = {"completion": 4, "completion_stream": 4, "chat": 3, "chat_stream": 3, "sampling": 2, "disconnect_stream": 2,
-        "disconnect_plain": 1, "malformed_json": 1, "unknown_field": 1, "bad_value": 1, "invalid_utf8": 1, "over_limit": 1}
+        "disconnect_plain": 1, "partial_body": 1, "malformed_json": 1, "unknown_field": 1, "bad_value": 1, "invalid_utf8": 1,
+        "wrong_key": 1, "over_limit": 1}

@@ -103,7 +103,7 @@ def summarise(soak, slots: dict, server: dict, args, limits: dict) -> dict:
             'assay_requests_total{outcome="error"}'),
         "every_answer_whole_or_refused_as_expected": not failures,
         "slots_free_afterwards": slots["all_free"],
-        "server_clean": server["tracebacks"] == 0 and server["exit_code"] == 0,
+        "server_clean": server["tracebacks"] == 0 and server["exit_code"] == 0 and not server["key_in_log"] and not server["key_in_metrics"],
         "every_kind_exercised": sorted(by_kind) == sorted(set(KINDS)),
         "bursts_got_429": bool(soak.bursts) and all(b["refused_429"] > 0 for b in soak.bursts),
         "rss_growth_under_5pct": rss["growth"] is not None and rss["growth"] < RSS_GROWTH_TARGET,

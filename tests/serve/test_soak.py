@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = {"completion", "completion_stream", "chat", "chat_stream", "sampling", "disconnect_stream", "disconnect_plain",
-         "malformed_json", "unknown_field", "bad_value", "invalid_utf8", "over_limit", "burst_member"}
+KINDS = {"completion", "completion_stream", "chat", "chat_stream", "sampling", "disconnect_stream", "disconnect_plain", "partial_body",
+         "malformed_json", "unknown_field", "bad_value", "invalid_utf8", "wrong_key", "over_limit", "burst_member"}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,7 @@ def test_soak_no_hang_no_5xx_every_answer_whole_and_exit_0(soak):
     assert result["slots_after"]["counters"]['assay_requests_total{outcome="error"}'] == 0
     assert result["server"]["exit_code"] == 0 and result["server"]["tracebacks"] == 0, result["server"]["stderr_tail"]
     assert result["server"]["health_after"] == 200
+    assert not result["server"]["key_in_log"] and not result["server"]["key_in_metrics"]
 
 
 @pytest.mark.slow
@@ -60,6 +61,8 @@ def test_soak_exercised_every_client_kind_with_the_outcomes_it_expects(soak):
     for kind in ("malformed_json", "unknown_field", "invalid_utf8"):
         assert set(by_kind[kind]) == {"refused_400"}, (kind, by_kind[kind])
     assert set(by_kind["bad_value"]) == {"refused_422"}
+    assert set(by_kind["wrong_key"]) == {"refused_401"}
+    assert soak[1]["slots_after"]["counters"]['assay_requests_total{outcome="rejected_unauthorized"}'] == by_kind["wrong_key"]["refused_401"]
     assert set(by_kind["over_limit"]) <= {"refused_400", "refused_413"} and by_kind["over_limit"]
     # Bursts over the queue: each one got some 429s and some answers, and the server counted the same 429s
     # the clients saw (the raw-socket clients never read their answer, so the server's count may be larger).
