@@ -183,7 +183,8 @@ class Client:
     def disconnect_stream(self) -> tuple:
         """Streams a long answer and closes the connection after a few token events."""
         route, chat = self.rng.choice([("/v1/completions", False), ("/v1/chat/completions", True)])
-        body = (self.chat_body if chat else self.completion_body)(stream=True, max_tokens=self.setup.max_new_tokens, ignore_eos=True)
+        body = (self.chat_body if chat else self.completion_body)(stream=True, max_tokens=self.setup.max_new_tokens, ignore_eos=True,
+                                                                 n=self.rng.choice([1, 1, 2]))
         return self.streamed(route, body, chat=chat, leave_after=self.rng.randint(1, 4))
 
     def auth(self) -> str:
@@ -191,7 +192,7 @@ class Client:
 
     def disconnect_plain(self) -> tuple:
         """A non-streamed long request over a raw socket, closed before the answer comes."""
-        body = json.dumps(self.completion_body(max_tokens=self.setup.max_new_tokens, ignore_eos=True)).encode()
+        body = json.dumps(self.completion_body(max_tokens=self.setup.max_new_tokens, ignore_eos=True, n=self.rng.choice([1, 2]))).encode()
         host, port = self.setup.url.removeprefix("http://").rsplit(":", 1)
         head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n{self.auth()}Content-Length: {len(body)}\r\n\r\n"
         with socket.create_connection((host, int(port)), timeout=self.setup.timeout) as sock:
@@ -263,9 +264,11 @@ class Client:
         return refusal(self.http.post("/v1/completions", json=self.completion_body(n=self.setup.max_seqs + 1)))
 
     def burst_member(self) -> tuple:
-        """One of a burst of long requests sent at once, more than the slots and the queue hold."""
-        body = self.completion_body(max_tokens=self.setup.max_new_tokens, ignore_eos=True)
-        return self.plain("/v1/completions", body, check_choices("text"))
+        """One of a burst of long requests sent at once, more than the slots and the queue hold (some with n = 2:
+        they wait for two free slots at once)."""
+        n = self.rng.choice([1, 1, 1, 2])
+        body = self.completion_body(max_tokens=self.setup.max_new_tokens, ignore_eos=True, n=n)
+        return self.plain("/v1/completions", body, check_choices("text", n=n))
 
 
 def refusal(response: httpx.Response) -> tuple:
