@@ -174,7 +174,8 @@ class Soak:
 
     def sampler(self) -> None:
         while not self.stop.is_set():
-            sample = {"t": round(self.clock(), 2), "rss_mib": self.process.memory_info().rss / 2**20, "load1": os.getloadavg()[0]}
+            sample = {"t": round(self.clock(), 2), "rss_mib": round(self.process.memory_info().rss / 2**20, 3),
+                      "load1": round(os.getloadavg()[0], 2)}
             try:
                 metrics = scrape(self.setup.url)
                 finished = sum(metrics.get(f'assay_requests_total{{outcome="{o}"}}', 0) for o in ("length", "stop", "abort"))

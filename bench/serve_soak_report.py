@@ -23,6 +23,13 @@ RSS_GROWTH_TARGET, TTFT_RATIO_TARGET, WARMUP_SHARE = 0.05, 1.5, 0.2
 HARD_TARGETS = ("no_hang", "no_5xx", "every_answer_whole_or_refused_as_expected", "slots_free_afterwards", "server_clean")
 
 
+CLASSES = ("answered", "refused_429", "refused_4xx", "disconnected", "failed")
+
+
+def outcome_class(outcome: str) -> str:
+    return outcome if outcome in CLASSES else "refused_4xx" if outcome.startswith("refused_") else "failed"
+
+
 def record_bytes(count: int = 5000) -> dict[str, float]:
     """Bytes one decode-step record and one finished request's timing take, as the engine keeps them."""
     from assay.serve.accounting import RECENT, RequestTiming, StepRecord
@@ -95,6 +102,11 @@ def summarise(soak, slots: dict, server: dict, args, limits: dict) -> dict:
         by_kind[o.kind][o.outcome] += 1
     failures = [o.as_dict() for o in outcomes if o.failed]
     windows, ttft = ttft_windows(outcomes, soak.seconds)
+    for window in windows:  # outcome classes per window, for the plot
+        window["outcomes"] = dict.fromkeys(CLASSES, 0)
+        for o in outcomes:
+            if window["start"] <= o.start < window["end"] or (window is windows[-1] and o.start >= window["end"]):
+                window["outcomes"][outcome_class(o.outcome)] += 1
     rss = rss_flatness(soak.samples, soak.seconds)
     loads = [s["load1"] for s in soak.samples]
     targets = {
@@ -119,7 +131,7 @@ def summarise(soak, slots: dict, server: dict, args, limits: dict) -> dict:
         "by_outcome": {k: sum(o.outcome == k for o in outcomes) for k in sorted({o.outcome for o in outcomes})},
         "failures": failures[:200], "failure_count": len(failures), "bursts": soak.bursts, "slots_after": slots, "server": server,
         "rss": rss, "ttft": ttft | {"windows": windows},
-        "samples": soak.samples, "outcomes": [[o.start, o.kind, o.outcome] for o in outcomes],
+        "samples": soak.samples,
         "targets": {name: {"met": met, "hard": name in HARD_TARGETS} for name, met in targets.items()},
         "hard_failure": not all(targets[name] for name in HARD_TARGETS),
     }
@@ -167,17 +179,11 @@ def plot(result: dict, path: Path) -> None:
     ax_ttft.set_ylabel("seconds")
     ax_ttft.legend(fontsize=8)
     width = windows[0]["end"] - windows[0]["start"] if windows else 10
-    classes = ("answered", "refused_429", "refused_4xx", "disconnected", "failed")
-    counts = {c: [0] * len(windows) for c in classes}
-    for start, _, outcome in result["outcomes"]:
-        index = min(int(start // width), len(windows) - 1) if windows else 0
-        cls = outcome if outcome in classes else "refused_4xx" if outcome.startswith("refused_") else "failed"
-        if windows:
-            counts[cls][index] += 1
     bottom = [0] * len(windows)
-    for cls in classes:
-        ax_out.bar(mids, counts[cls], width * 0.9, bottom=bottom, label=cls)
-        bottom = [b + c for b, c in zip(bottom, counts[cls])]
+    for cls in CLASSES:
+        counts = [w["outcomes"][cls] for w in windows]
+        ax_out.bar(mids, counts, width * 0.9, bottom=bottom, label=cls)
+        bottom = [b + c for b, c in zip(bottom, counts)]
     ax_out.set_ylim(0, max(bottom, default=1) * 1.3)  # room for the legend
     ax_out.set_ylabel("requests per window")
     ax_out.set_xlabel("seconds since the soak began")
