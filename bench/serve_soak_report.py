@@ -50,14 +50,14 @@ def record_bytes(count: int = 5000) -> dict[str, float]:
 
 def ttft_windows(outcomes: list, seconds: float) -> tuple[list[dict], dict]:
     """p50/p99 TTFT per window, and the flatness comparison: first vs last minute (thirds under 3 minutes)."""
-    def stats(start: float, end: float) -> dict:
-        values = [o.ttft for o in outcomes if o.ttft is not None and start <= o.start < end]
+    def stats(start: float, end: float) -> dict:  # the last window also takes requests sent as the run ended
+        values = [o.ttft for o in outcomes if o.ttft is not None and start <= o.start and (o.start < end or end >= seconds)]
         return {"start": round(start, 1), "end": round(end, 1), "count": len(values), "p50": percentile(values, 50), "p99": percentile(values, 99)}
 
     width = 30.0 if seconds >= 180 else seconds / 6
     windows = [stats(i * width, (i + 1) * width) for i in range(round(seconds / width))]
     edge = 60.0 if seconds >= 180 else seconds / 3
-    first, last = stats(0, edge), stats(seconds - edge, seconds + 1e9)
+    first, last = stats(0, edge), stats(seconds - edge, seconds)
     ratio = last["p99"] / first["p99"] if first["p99"] and last["p99"] is not None else None
     return windows, {"compared": "first and last minute" if seconds >= 180 else "first and last third", "first": first, "last": last,
                      "ratio": ratio}
