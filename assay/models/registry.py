@@ -26,10 +26,11 @@ import torch
 from torch import nn
 
 from assay.core.errors import AssayError
+from assay.models import ARCH_PACKAGES  # noqa: F401  (public here too)
 from assay.models.serving import CacheSpec, ModelAdapter
 
-# Where the built-in entries live. Adding an architecture: a folder, its register(...) call, one line here.
-ARCH_PACKAGES: tuple[str, ...] = ("assay.models.qwen3", "assay.models.gla", "assay.models.llama", "assay.models.gemma3")
+# Where the built-in entries live: ARCH_PACKAGES (assay/models/__init__.py, torch-free there so that --help
+# texts can name them). Adding an architecture: a folder, its register(...) call, one line there.
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import typer
 
 from assay.core.cli import backend_option, device_option, json_option, quiet_libraries
 from assay.core.values import comma_list
+from assay.models import builtin_arch_names
 
 
 def _int_list(flag: str, text: str) -> tuple[int, ...]:
@@ -21,7 +22,7 @@ def _modes(text: str) -> tuple[str, ...]:
 
 
 def serve_bench_command(
-    model: str = typer.Option(..., "--model", help="checkpoint folder (GLA or Qwen3)"),
+    model: str = typer.Option(..., "--model", help=f"checkpoint folder of a registered architecture ({', '.join(builtin_arch_names())})"),
     arrivals: str = typer.Option("poisson", "--arrivals", help="poisson, burst or fixed"),
     rate: float = typer.Option(20.0, "--rate", help="poisson: requests per second"),
     burst_size: int = typer.Option(8, "--burst-size", help="burst: requests per burst"),

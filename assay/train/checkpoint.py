@@ -9,7 +9,8 @@ The commit is the rename of the staging folder, after every file in it is fsynce
 step-N is always complete: a run killed mid-write (SIGKILL, power cut) leaves the previous checkpoint
 loadable, and the staging folder is named as incomplete and ignored at the next --resume (and replaced
 when that step is written again). A write that runs out of disk is one line (AssayError), the staging
-folder removed, the previous checkpoint kept. The newest `keep` checkpoints are kept. DCP stores each
+folder removed, the previous checkpoint kept; so does a SIGTERM (or Ctrl-C) inside DCP's save, which DCP
+wraps in a CheckpointException: raised again as itself, it ends the command with its one line. The newest `keep` checkpoints are kept. DCP stores each
 rank's shard of a DTensor (FSDP, TP), so a checkpoint can be resumed under another layout of the same model.
 
 Only files this trainer wrote are read back: DCP's own format, JSON, and the RNG states through
@@ -121,15 +122,30 @@ def save_checkpoint(
     try:
         with reporting_disk_full(f"checkpoint {final}", kept=kept):
             _write(staging, final, step, model, optimizer, trainer_state, layout)
-    except BaseException:
+    except BaseException as error:
         if layout.is_main:
             shutil.rmtree(staging, ignore_errors=True)  # a failed write leaves nothing behind (a killed one cannot clean)
+        interrupted = _interruption(error)
+        if interrupted is not None:
+            raise interrupted from None
         raise
     if layout.is_main:
         for old in complete_checkpoints(folder)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     barrier(layout)
     return final
+
+
+def _interruption(error: BaseException) -> BaseException | None:
+    """The interruption (SIGTERM's Terminated, Ctrl-C's KeyboardInterrupt: a BaseException that is no
+    Exception) that DCP caught inside its save or load and wrapped, with each rank's failure, into a
+    CheckpointException; None for any other error. Raised again as itself, the CLI ends the command with
+    its one line and exit status (143, 130) instead of a CheckpointException's traceback."""
+    for failure in (getattr(error, "failures", None) or {}).values():
+        cause = failure[0] if isinstance(failure, tuple) and failure else failure
+        if isinstance(cause, BaseException) and not isinstance(cause, Exception):
+            return cause
+    return None
 
 
 def _write(staging: Path, final: Path, step: int, model, optimizer, trainer_state: dict, layout: Layout) -> None:
@@ -181,6 +197,9 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
         with _single_process_is_intended():
             dcp.load(state, checkpoint_id=str(path), no_dist=not layout.distributed)
     except (Exception, CheckpointException) as error:  # CheckpointException (a BaseException) wraps each rank's failure
+        interrupted = _interruption(error)
+        if interrupted is not None:
+            raise interrupted from None
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise AssayError(f"cannot load checkpoint {path} into this model: {first_line}") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

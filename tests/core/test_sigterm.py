@@ -119,3 +119,56 @@ def test_a_forked_child_keeps_the_default_sigterm():
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                                env=os.environ | {"PYTHONPATH": str(REPO)})
     assert completed.stdout.strip() == str(int(signal.SIGTERM)), completed.stderr
+
+
+# SIGTERM inside DCP's save: the patched writer signals this process as it starts writing checkpoint 2's
+# shards, so the handler's Terminated is raised inside dcp.save, which wraps every failure in a
+# CheckpointException (a traceback and exit 1 before checkpoint.py unwrapped it).
+_SIGTERM_IN_DCP_SAVE = """
+import os, signal, sys
+import torch.distributed.checkpoint.filesystem as fs
+
+write_data = fs.FileSystemWriter.write_data
+def signalling_write_data(self, plan, planner):
+    if str(self.path).endswith(".step-000002.tmp"):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return write_data(self, plan, planner)
+fs.FileSystemWriter.write_data = signalling_write_data
+sys.argv = ["assay", *sys.argv[1:]]
+from assay.cli import main
+main()
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_inside_a_checkpoint_write_ends_with_one_line_and_keeps_the_previous_checkpoint(zoo_dir, tmp_path, monkeypatch):
+    import torch
+    import torch.distributed.checkpoint.filesystem as fs
+
+    from assay.train import OptimConfig
+    from assay.train.checkpoint import complete_checkpoints, incomplete_checkpoints, load_checkpoint
+    from assay.train.distributed import Layout
+    from assay.train.model_paths import ModelChoice, load_model
+    from assay.train.optimization import build_optimizer
+
+    folder = tmp_path / "ckpt"
+    completed = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_IN_DCP_SAVE, "train", "--model", str(zoo_dir / "qwen3"), "--steps", "4", "--seq-len", "32",
+         "--batch", "2", "--checkpoint-dir", str(folder), "--checkpoint-every", "1", "--json"],
+        check=False, capture_output=True, text=True, timeout=300, cwd=REPO,
+        env=os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+    assert completed.returncode == TERMINATED_EXIT, completed.stderr[-3000:]
+    assert [line for line in completed.stderr.splitlines() if line.strip()] == [TERMINATED_LINE]
+    assert [p.name for p in complete_checkpoints(folder)] == ["step-000001"] and incomplete_checkpoints(folder) == []
+    # The previous checkpoint loads; a Ctrl-C inside DCP's load is itself too, not "cannot load checkpoint".
+    loaded = load_model(ModelChoice(str(zoo_dir / "qwen3")), torch.device("cpu"), torch.float32)
+    optimizer, _ = build_optimizer(loaded.model, OptimConfig(), 4)
+    layout = Layout(world_size=1, rank=0, local_rank=0, dp_shard=1, tp=1)
+    assert load_checkpoint(folder / "step-000001", loaded.model, optimizer, layout)["step"] == 1
+
+    def interrupted_read_data(self, plan, planner):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fs.FileSystemReader, "read_data", interrupted_read_data)
+    with pytest.raises(KeyboardInterrupt):
+        load_checkpoint(folder / "step-000001", loaded.model, optimizer, layout)
