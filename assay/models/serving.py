@@ -147,7 +147,7 @@ class StateAdapter(ModelAdapter):
         logits, new_state = self.model.decode_step(tokens, state)
         for buffer, layer_state in zip(buffers, new_state):
             buffer.index_copy_(0, slot_ids, layer_state.to(buffer.dtype))
-        return logits[:, 0]
+        return logits[:, 0].float()  # float32 whatever the weights (--dtype bfloat16)
 
     def state_bytes_per_sequence(self, dtype, max_len):
         return state_bytes(self.args, max_len, dtype)
@@ -186,7 +186,7 @@ class KVCacheAdapter(ModelAdapter):
 
     def decode(self, tokens, slot_ids, positions, buffers):
         # tokens: [W, 1]; slot_ids, positions: [W] -> logits [W, vocab]; each row's k/v written at its position
-        return self.model.decode_step(tokens, self._kv_cache(buffers), slot_ids, positions)[:, 0]
+        return self.model.decode_step(tokens, self._kv_cache(buffers), slot_ids, positions)[:, 0].float()  # float32 whatever the weights
 
     def state_bytes_per_sequence(self, dtype, max_len):
         return kv_bytes(self.args, max_len, dtype)

@@ -22,6 +22,7 @@ from assay.models import registry
 from assay.models.serving import KV_REFERENCE_DTYPE, KVCacheAdapter, KVLayout, ModelAdapter, StateAdapter
 
 STATE_DTYPES = ("float32", "bfloat16")  # what a slot pool stores (aliases bf16, fp32 accepted)
+WEIGHT_DTYPES = ("float32", "bfloat16")  # what the served model's weights are held in (--dtype)
 KV_REFERENCE_LENGTHS = (2048, 8192)
 
 # Former names of the two adapters.
@@ -34,6 +35,33 @@ def state_dtype(name: str) -> torch.dtype:
     if canonical is None:
         raise AssayError(f"state dtype {name!r}: expected float32 or bfloat16")
     return torch_dtype(canonical)
+
+
+def weight_dtype(name: str) -> torch.dtype:
+    canonical = dtype_name(name, WEIGHT_DTYPES)
+    if canonical is None:
+        raise AssayError(f"--dtype {name!r}: expected float32 or bfloat16")
+    return torch_dtype(canonical)
+
+
+def cast_weights(adapter: ModelAdapter, dtype: torch.dtype | str) -> ModelAdapter:
+    """The adapter's model with its parameters (and persistent buffers) in `dtype`, in place, as a load in
+    that dtype leaves them: derived buffers such as a rotary table stay float32. Before the first decode
+    (a compiled graph is traced with the dtypes it first sees). The adapters return float32 logits."""
+    dtype = weight_dtype(dtype) if isinstance(dtype, str) else dtype
+    for module in adapter.model.modules():
+        for param in module.parameters(recurse=False):
+            if param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)  # a tied embedding/output is one Parameter: cast once
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point() and name not in module._non_persistent_buffers_set:
+                module._buffers[name] = buffer.to(dtype)
+    return adapter
+
+
+def adapter_dtype(adapter: ModelAdapter) -> str:
+    """The dtype of the served model's weights, by name ("float32", "bfloat16")."""
+    return dtype_name(str(next(adapter.model.parameters()).dtype).removeprefix("torch."), aliases=False) or "float32"
 
 
 class _Adapters(Mapping):
@@ -59,8 +87,9 @@ def model_type_of(folder: str | os.PathLike) -> str:
     return str(config.get("model_type", ""))
 
 
-def load_adapter(folder: str | os.PathLike, device: torch.device, max_len: int) -> ModelAdapter:
-    """The adapter for the checkpoint's config.json model_type; AssayError for an architecture not served."""
+def load_adapter(folder: str | os.PathLike, device: torch.device, max_len: int, dtype: str = "float32") -> ModelAdapter:
+    """The adapter for the checkpoint's config.json model_type, its weights in `dtype` (float32 or
+    bfloat16); AssayError for an architecture not served."""
     from assay.models.hf_checkpoint import checkpoint_dir
 
     path = checkpoint_dir(folder)
@@ -68,10 +97,13 @@ def load_adapter(folder: str | os.PathLike, device: torch.device, max_len: int) 
     spec = registry.find(model_type)
     if spec is None:
         raise AssayError(f"{folder}: model_type {model_type!r} is not served (served: {', '.join(sorted(ADAPTERS))})")
-    return spec.serving_adapter(path, device, max_len)
+    wanted = weight_dtype(dtype)
+    adapter = spec.serving_adapter(path, device, max_len)
+    return adapter if wanted == torch.float32 else cast_weights(adapter, wanted)
 
 
 __all__ = [
-    "ADAPTERS", "KV_REFERENCE_DTYPE", "KV_REFERENCE_LENGTHS", "GLAAdapter", "KVCacheAdapter", "KVLayout", "ModelAdapter",
-    "Qwen3Adapter", "StateAdapter", "load_adapter", "model_type_of", "state_dtype",
+    "ADAPTERS", "KV_REFERENCE_DTYPE", "KV_REFERENCE_LENGTHS", "WEIGHT_DTYPES", "GLAAdapter", "KVCacheAdapter", "KVLayout",
+    "ModelAdapter", "Qwen3Adapter", "StateAdapter", "adapter_dtype", "cast_weights", "load_adapter", "model_type_of",
+    "state_dtype", "weight_dtype",
 ]

@@ -51,6 +51,7 @@ class ServeBenchRequest:
     device: str = "cpu"
     backend: str = "inductor"
     state_dtype: str = "float32"
+    dtype: str = "float32"  # the weights' (--dtype)
     time_limit_s: float = 300.0  # per run: then every unfinished request is aborted
     seed: int = 0
     check_eager: bool = False
@@ -77,6 +78,9 @@ class ServeBenchRequest:
             raise AssayError("--concurrency: expected positive counts such as 1,8,32,64")
         if self.time_limit_s <= 0:
             raise AssayError(f"--time-limit must be positive, got {self.time_limit_s}")
+        from assay.serve.adapters import weight_dtype
+
+        weight_dtype(self.dtype)
 
 
 @dataclass
@@ -238,11 +242,13 @@ def run_serve_bench(request: ServeBenchRequest, progress: bool = True) -> ServeB
     from assay.core.progress import progress_bar
     from assay.models.hf_checkpoint import checkpoint_dir
     from assay.serve.adapters import load_adapter
+    from assay.serve.sizing import check_max_len
 
     device = resolve_device(request.device)
     folder = checkpoint_dir(request.model)
     max_len = max(request.prompt_tokens) + request.max_tokens
-    adapter = load_adapter(folder, device, max_len)
+    check_max_len(folder, max_len, "--prompt-tokens + --max-tokens")  # the longest run's slot length
+    adapter = load_adapter(folder, device, max_len, request.dtype)
     first = Engine(adapter, replace(_engine_config(request, "eager", 1), max_seqs=1, buckets=(1,)), tokenizer_dir=folder)
     corpus_ids = corpus_token_ids(first.tokenizer)
     del first

@@ -37,6 +37,7 @@ def serve_bench_command(
     device: str = device_option(),
     backend: str = backend_option(),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="float32 or bfloat16 (the pool's storage)"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16 (the weights; logits stay float32)"),
     time_limit: float = typer.Option(300.0, "--time-limit", help="seconds per run; unfinished requests are then aborted"),
     seed: int = typer.Option(0, "--seed", help="arrival times and prompt offsets"),
     max_prefill_tokens: Optional[int] = typer.Option(None, "--max-prefill-tokens", help="prompt tokens prefilled per step at most (default: all that fit)"),
@@ -57,7 +58,7 @@ def serve_bench_command(
         model=model, arrivals=arrivals, rate=rate, burst_size=burst_size, burst_interval_s=burst_interval,
         concurrency=_int_list("--concurrency", concurrency), requests=requests,
         prompt_tokens=_int_list("--prompt-tokens", prompt_tokens), max_tokens=max_tokens, modes=_modes(modes),
-        buckets=parse_buckets(buckets), max_seqs=max_seqs, device=device, backend=backend, state_dtype=state_dtype,
+        buckets=parse_buckets(buckets), max_seqs=max_seqs, device=device, backend=backend, state_dtype=state_dtype, dtype=dtype,
         time_limit_s=time_limit, seed=seed, check_eager=check_eager, fresh_compile_cache=not reuse_cache,
         max_prefill_tokens=max_prefill_tokens,
     )

@@ -21,10 +21,11 @@ def serve_command(
     no_buckets: bool = typer.Option(False, "--no-buckets", help="decode at the exact running count (each new count compiles)"),
     eager: bool = typer.Option(False, "--eager", help="no torch.compile: exact, reproducible logits"),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="dtype of each slot's state: float32 or bfloat16"),
+    dtype: str = typer.Option("float32", "--dtype", help="dtype of the weights: float32 or bfloat16 (logits stay float32)"),
     max_waiting: int = typer.Option(256, "--max-waiting", help="requests queued for a slot before new ones get 429"),
     max_prompt_tokens: int = typer.Option(8192, "--max-prompt-tokens", help="longest prompt accepted"),
     max_new_tokens: int = typer.Option(4096, "--max-new-tokens", help="largest max_tokens accepted"),
-    max_len: Optional[int] = typer.Option(None, "--max-len", help="KV-cache models: positions per slot (default prompt + new tokens)"),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="KV-cache models: positions per slot (default prompt + new tokens; past the model's positions only where its rope scaling reaches)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0 for every interface)"),
     port: int = typer.Option(8000, "--port", help="port to listen on (0: a free port, printed)"),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="the name clients pass as model (default: the folder name)"),
@@ -48,7 +49,7 @@ def serve_command(
     quiet_libraries()
     request = ServeRequest(
         model=model, device=device, backend=backend, max_seqs=max_seqs, buckets=buckets, no_buckets=no_buckets, eager=eager,
-        state_dtype=state_dtype, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
+        state_dtype=state_dtype, dtype=dtype, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
         max_len=max_len, host=host, port=port, served_model_name=served_model_name, api_key=api_key or None,
         **({} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}),
     )

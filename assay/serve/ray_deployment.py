@@ -51,15 +51,14 @@ class EngineReplica:
     def __init__(self, request: dict):
         from assay.core.cli import quiet_libraries
         from assay.models.hf_checkpoint import checkpoint_dir
-        from assay.serve.engine import Engine
         from assay.serve.routes import create_app
-        from assay.serve.server import ServeRequest, engine_config
+        from assay.serve.server import ServeRequest, engine_config, load_engine
 
         quiet_libraries()
         serve_request = ServeRequest(**request)
         # Ray hands the replica its device (CUDA_VISIBLE_DEVICES etc.), so "cuda" is this replica's own GPU.
         folder = checkpoint_dir(serve_request.model)
-        engine = Engine.from_checkpoint(folder, engine_config(serve_request))
+        engine = load_engine(serve_request, engine_config(serve_request))
         engine.warm_up()
         from ray import serve
 

@@ -27,6 +27,7 @@ class ServeRequest:
     no_buckets: bool = False
     eager: bool = False
     state_dtype: str = "float32"
+    dtype: str = "float32"  # the weights' (--dtype): float32 or bfloat16; logits are float32 either way
     max_waiting: int = 256
     max_prompt_tokens: int = 8192
     max_new_tokens: int = 4096
@@ -48,8 +49,11 @@ def default_buckets(max_seqs: int) -> tuple[int, ...]:
 
 
 def engine_config(request: ServeRequest):
+    """The engine's flags, checked (with --dtype, and --max-len against the checkpoint's positions)."""
+    from assay.serve.adapters import weight_dtype
     from assay.serve.engine import EngineConfig
     from assay.serve.scheduler import parse_buckets
+    from assay.serve.sizing import check_max_len
 
     if request.no_buckets and request.buckets is not None:
         raise AssayError("--buckets and --no-buckets exclude each other")
@@ -65,7 +69,23 @@ def engine_config(request: ServeRequest):
         max_new_tokens=request.max_new_tokens, max_len=request.max_len,
     )
     config.validate()
+    weight_dtype(request.dtype)
+    check_max_len(request.model, request.max_len)
     return config
+
+
+def load_engine(request: ServeRequest, config):
+    """Engine.from_checkpoint with the weights in --dtype (cast before the first decode is traced)."""
+    import torch
+
+    from assay.models.hf_checkpoint import checkpoint_dir
+    from assay.serve.adapters import cast_weights, weight_dtype
+    from assay.serve.engine import Engine
+
+    engine = Engine.from_checkpoint(checkpoint_dir(request.model), config)
+    if weight_dtype(request.dtype) != torch.float32:
+        cast_weights(engine.adapter, request.dtype)
+    return engine
 
 
 def check_request(request: ServeRequest) -> None:
@@ -94,10 +114,10 @@ def serve(request: ServeRequest, announce=print) -> None:
     check_request(request)
     config = engine_config(request)  # bad flags fail here, before the model loads
     from assay.models.hf_checkpoint import checkpoint_dir
-    from assay.serve.engine import Engine
+    from assay.serve.adapters import adapter_dtype
 
     folder = checkpoint_dir(request.model)
-    engine = Engine.from_checkpoint(folder, config)
+    engine = load_engine(request, config)
     engine.warm_up()
     model_name = request.served_model_name or Path(folder).name
     app = routes.create_app(engine, model_name, api_key=request.api_key, max_request_bytes=request.max_request_bytes)
@@ -107,7 +127,7 @@ def serve(request: ServeRequest, announce=print) -> None:
     stats = engine.stats()
     slots = f"{config.max_seqs} slots" + (f" of {stats.memory.max_len} positions" if stats.memory.max_len else "")
     announce(
-        f"serving {model_name} ({stats.model_type}, {config.mode}, {slots}, "
+        f"serving {model_name} ({stats.model_type}, {adapter_dtype(engine.adapter)}, {config.mode}, {slots}, "
         f"{stats.warmup_compiles} widths compiled in {stats.warmup_s:.1f} s) at {server_url(sock)}"
     )
     try:

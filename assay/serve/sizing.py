@@ -32,6 +32,47 @@ def checkpoint_positions(path: str | os.PathLike) -> int | None:
     return int(positions) if positions else None
 
 
+def rope_scaled_positions(config: dict) -> int | None:
+    """The positions a config.json's rope scaling stretches the model to: factor x
+    original_max_position_embeddings (Transformers 5's rope_parameters, older files' rope_scaling; for a
+    model with one rope per layer type, the largest). None without a factor and an original length: the
+    scaling (if any) claims no positions past max_position_embeddings."""
+    from collections.abc import Mapping
+
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    entries = [entry for entry in rope.values() if isinstance(entry, Mapping)] or [rope]
+    covered = [
+        int(float(entry["factor"]) * int(entry["original_max_position_embeddings"]))
+        for entry in entries
+        if entry.get("factor") and entry.get("original_max_position_embeddings")
+        and entry.get("rope_type", entry.get("type", "default")) != "default"
+    ]
+    return max(covered) if covered else None
+
+
+def check_max_len(path: str | os.PathLike, max_len: int | None, flag: str = "--max-len") -> None:
+    """--max-len past the checkpoint's positions is refused unless its rope scaling covers it: a KV slot of
+    max_len positions would otherwise stretch the rotary table past what the model was trained for."""
+    from assay.models import registry
+    from assay.models.hf_checkpoint import checkpoint_dir, read_hf_config
+
+    if max_len is None:
+        return
+    config = read_hf_config(checkpoint_dir(path))
+    spec = registry.find(config.get("model_type"))
+    if spec is None or not spec.cache.grows:  # a fixed state has no positions to run past
+        return
+    positions = checkpoint_positions(path)
+    if positions is None or max_len <= positions:
+        return
+    scaled = rope_scaled_positions(config)
+    if scaled is not None and max_len <= scaled:
+        return
+    covered = f"its rope scaling covers {scaled}" if scaled is not None else "config.json has no rope scaling that covers it"
+    raise AssayError(f"{flag} {max_len} is past the model's {positions} positions (max_position_embeddings) and {covered}: "
+                     f"use {flag} {max(positions, scaled or 0)} or less")
+
+
 def fitted_slot_len(adapter: ModelAdapter, config: EngineConfig, device: torch.device) -> int:
     """The KV slot length without --max-len: config.slot_len() (already capped at the model's positions),
     shortened to what max_seqs + 1 slots can hold in POOL_MEMORY_SHARE of the free memory."""
@@ -63,4 +104,7 @@ def check_pool_fits(adapter: ModelAdapter, config: EngineConfig, dtype: torch.dt
         )
 
 
-__all__ = ["POOL_MEMORY_SHARE", "SLOT_LEN_GRAIN", "check_pool_fits", "checkpoint_positions", "fitted_slot_len"]
+__all__ = [
+    "POOL_MEMORY_SHARE", "SLOT_LEN_GRAIN", "check_max_len", "check_pool_fits", "checkpoint_positions", "fitted_slot_len",
+    "rope_scaled_positions",
+]
