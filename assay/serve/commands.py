@@ -10,10 +10,11 @@ import typer
 from assay.core.cli import backend_option, device_option, quiet_libraries
 from assay.core.checks import check_checkpoint
 from assay.core.errors import AssayError
+from assay.models import builtin_arch_names
 
 
 def serve_command(
-    model: str = typer.Option(..., "--model", help="checkpoint folder (GLA or Qwen3; config.json, weights, tokenizer)"),
+    model: str = typer.Option(..., "--model", help=f"checkpoint folder of a registered architecture ({', '.join(builtin_arch_names())}; config.json, weights, tokenizer)"),
     device: str = device_option(),
     backend: str = backend_option(help="torch.compile backend of the decode step"),
     max_seqs: int = typer.Option(64, "--max-seqs", help="slots in the pool: sequences decoded together"),

@@ -3,13 +3,13 @@ CLI stays light (`assay --help` imports no torch; `assay stack` imports no syste
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,13 +74,14 @@ def test_no_module_over_400_lines_in_assay_or_bench():
     assert {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
 
 
-def test_serve_bench_help_names_the_registered_architectures():
+@pytest.mark.parametrize("command", ["serve", "serve-bench"])
+def test_serving_help_names_the_registered_architectures(command):
     # The torch-free list the help reads is the registry's: every registered entry, no other.
     from assay.models import builtin_arch_names
     from assay.models.registry import names
 
     assert sorted(builtin_arch_names()) == names()
-    completed = subprocess.run([sys.executable, "-m", "assay", "serve-bench", "--help"], capture_output=True, text=True, timeout=300,
+    completed = subprocess.run([sys.executable, "-m", "assay", command, "--help"], capture_output=True, text=True, timeout=300,
                                env=os.environ | {"COLUMNS": "400", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     assert completed.returncode == 0, completed.stderr
-    assert f"checkpoint folder of a registered architecture ({', '.join(builtin_arch_names())})" in completed.stdout
+    assert f"checkpoint folder of a registered architecture ({', '.join(builtin_arch_names())}" in completed.stdout
