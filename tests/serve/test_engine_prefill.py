@@ -178,7 +178,8 @@ def test_an_abort_during_a_chunked_prefill_frees_the_slot_and_a_choice_left_take
 def test_plan_chunks_keeps_the_budget_and_the_padding_cap():
     assert plan_chunks([128] * 6, 512) == [128] * 4 + [0, 0]
     assert plan_chunks([2000, 10], 512) == [512, 0], "the oldest takes the whole budget"
-    assert plan_chunks([10, 500, 10], 512) == [10, 256, 0], "a long one joins with what the budget leaves per row"
+    assert plan_chunks([100, 500, 10], 512) == [100, 256, 0], "a long one joins with what the budget leaves per row"
     assert plan_chunks([5, 3, 7, 1], None) == [5, 3, 7, 1]
-    # 4 rows x 60 = 240 padded against 63 real tokens: past 2x, so the 60-token prompt waits
-    assert plan_chunks([1, 1, 1, 60, 2], None) == [1, 1, 1, 0, 2]
+    # 4 rows x 60 = 240 padded against 63 real tokens: past the cap, so the 60-token prompt waits, not the next
+    assert plan_chunks([1, 1, 1, 60, 2], None, 2.0) == [1, 1, 1, 0, 2]
+    assert plan_chunks([10, 500, 10], 512, 1.5) == [10, 0, 10], "2 x 256 padded for 266 real: past 1.5x"
