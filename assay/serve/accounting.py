@@ -122,8 +122,11 @@ class EngineStats:
     all_rows: int = 0
     widths: Counter = field(default_factory=Counter)
     compiled: list[StepRecord] = field(default_factory=list)  # every step that compiled (at most one per width)
-    prefills: int = 0
+    prefills: int = 0  # prompts whose prefill completed
     prefill_s: float = 0.0
+    prefill_calls: int = 0  # batched prefill calls (at most one per step)
+    prefill_tokens: int = 0  # prompt tokens prefilled
+    prefill_padded_tokens: int = 0  # rows x width summed over the calls (padding included)
     requests_added: int = 0
     output_tokens: int = 0
     finished: Counter = field(default_factory=Counter)
@@ -238,6 +241,9 @@ class EngineStats:
             "padding_fraction": (1 - self.real_rows / self.all_rows) if self.all_rows else None,
             "prefills": self.prefills,
             "prefill_s": self.prefill_s,
+            "prefill_calls": self.prefill_calls,
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_padding_fraction": (1 - self.prefill_tokens / self.prefill_padded_tokens) if self.prefill_padded_tokens else None,
             "requests": self.requests_added,
             "running_or_waiting": len(self.live),
             "finished": dict(self.finished),

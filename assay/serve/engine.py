@@ -7,9 +7,10 @@
         for event in engine.step(): ...               # TokenEvent per new token (and per abort)
     engine.stats().as_dict()                          # compiles, compile share, tokens/s, TTFT/TPOT, memory
 
-One step: abort what was asked to stop, admit waiting requests into free slots (prefill, eager, one
-prompt at a time; the first token comes from the prefill's last logits), then one decode step for every
-running sequence at the width the scheduler picks, padding rows pointing at the scratch slot.
+One step: abort what was asked to stop; one batched prefill call (serve/engine_prefill.py: prompts being
+prefilled and waiting ones that fit free slots, right-padded, up to max_prefill_tokens; a longer prompt is
+chunked over steps; a prompt completed gives its first token from its last logits); then one decode step
+for every running sequence at the width the scheduler picks, padding rows pointing at the scratch slot.
 
 The pieces around it: serve/config.py (EngineConfig, TokenEvent, QueueFull), serve/sizing.py (how
 long a KV slot is and whether the pool fits), serve/compiled_decode.py (the decode step, eager or
@@ -30,16 +31,17 @@ from typing import Callable
 
 import torch
 
-from assay.core.device import resolve_backend, resolve_device, synchronize
+from assay.core.device import resolve_backend, resolve_device
 from assay.core.errors import AssayError
 from assay.core.numerics import max_abs_diff, rel_error
 from assay.serve.accounting import EagerCheck, EngineStats, EngineTotals, MemoryFacts, StepRecord, now
 from assay.serve.adapters import KV_REFERENCE_DTYPE, KV_REFERENCE_LENGTHS, ModelAdapter, load_adapter, state_dtype
 from assay.serve.compiled_decode import CompiledDecode, _fresh_function
 from assay.serve.config import EngineConfig, QueueFull, TokenEvent
-from assay.serve.pool import SlotPool
+from assay.serve.engine_prefill import BatchPrefill, PrefillJob
 from assay.serve.intake import EngineRequest, choice_ids, new_request
-from assay.serve.sampling import TokenLogprob, prompt_logprobs, sample_tokens, token_logprobs
+from assay.serve.pool import SlotPool
+from assay.serve.sampling import TokenLogprob, sample_tokens, token_logprobs
 from assay.serve.scheduler import decode_width, warm_up_widths
 from assay.serve.sizing import (
     POOL_MEMORY_SHARE, SLOT_LEN_GRAIN, check_pool_fits, checkpoint_positions, fitted_slot_len,
@@ -51,7 +53,7 @@ _check_pool_fits = check_pool_fits  # the name before the split
 _Request = EngineRequest  # the name before intake.py
 
 
-class Engine:
+class Engine(BatchPrefill):
     def __init__(self, adapter: ModelAdapter, config: EngineConfig, tokenizer_dir: str | os.PathLike | None = None):
         config.validate()
         self.config = config
@@ -74,6 +76,7 @@ class Engine:
         # Choices 1..n-1 of an admitted request whose prefill has not finished: their slots are taken; they
         # run once the prefill is copied into them.
         self._pending_forks: dict[str, _Request] = {}
+        self._prefilling: dict[str, PrefillJob] = {}  # admitted, prompt partly prefilled (engine_prefill.py)
         self._step_count = 0
 
         self._decoder = CompiledDecode(adapter, self.backend, config.max_seqs, self.device)
@@ -216,71 +219,15 @@ class Engine:
                         staying[0].forks = staying[1:]
                         kept.append(staying[0])
                 self._waiting = kept
-            for request_id in [r for r in aborts if r in self._running or r in self._pending_forks]:
-                events.append(self._finish(self._running.get(request_id) or self._pending_forks[request_id], "abort", token_id=-1))
-            admitted = self._admissions()
-            for request in admitted:
-                request.slot = self.pool.allocate()
-                self._running[request.request_id] = request
-                for fork in request.forks:
-                    fork.slot = self.pool.allocate()
-                    self._pending_forks[fork.request_id] = fork
-        for request in admitted:
-            events += self._prefill(request)
+            for request_id in sorted(aborts):  # sorted: a fork's abort after its first choice's (a hand-over)
+                if request_id in self._prefilling:
+                    events += self._abort_prefilling(request_id)
+                elif request_id in self._running or request_id in self._pending_forks:
+                    events.append(self._finish(self._running.get(request_id) or self._pending_forks[request_id], "abort", token_id=-1))
+            rows = self._plan_prefill()
+        events += self._run_prefill(rows)
         if self._running:
             events += self._decode_step()
-        return events
-
-    def _admissions(self) -> list[_Request]:
-        """Waiting requests that get a slot this step, oldest first (called with the lock held)."""
-        admitted: list[_Request] = []
-        budget = self.config.max_prefill_tokens
-        prompt_tokens = 0
-        slots = 0
-        while self._waiting and slots + 1 + len(self._waiting[0].forks) <= self.pool.num_free:
-            size = len(self._waiting[0].prompt)
-            if budget is not None and admitted and prompt_tokens + size > budget:
-                break
-            admitted.append(self._waiting.popleft())
-            slots += 1 + len(admitted[-1].forks)
-            prompt_tokens += size
-        return admitted
-
-    def _prefill(self, request: _Request) -> list[TokenEvent]:
-        # Eager, one prompt at a time: prompt lengths vary, and a compiled prefill would either recompile per
-        # length or need dynamic shapes; its time counts toward time to first token, never decode time.
-        tokens = torch.tensor([request.prompt], dtype=torch.int64, device=self.device)
-        synchronize(self.device)
-        start = now()
-        with torch.no_grad():
-            logits = self.adapter.prefill(tokens, request.slot, self.pool.buffers, all_logits=request.prompt_logprobs is not None)
-        synchronize(self.device)
-        with self._lock:
-            self._stats.prefills += 1
-            self._stats.prefill_s += now() - start
-        request.next_position = len(request.prompt)
-        if request.prompt_logprobs is None:
-            return self._first_tokens(request, logits)
-        return self._first_tokens(request, logits[-1], prompt_logprobs(logits, request.prompt, request.prompt_logprobs))
-
-    def _first_tokens(self, request: _Request, logits: torch.Tensor, prompt_entries=None) -> list[TokenEvent]:
-        """A prefilled request's first token, and its other choices': their slots get a copy of its state
-        and each samples from the same last logits [vocab] with its own generator."""
-        with self._lock:
-            forks = [fork for fork in request.forks if self._pending_forks.pop(fork.request_id, None) is not None]
-            if forks:
-                self.pool.copy_slot(request.slot, [fork.slot for fork in forks])
-            for fork in forks:
-                fork.next_position = request.next_position
-                self._running[fork.request_id] = fork
-        members = [request, *forks]
-        rows = logits[None].expand(len(members), -1)
-        tokens = self._sample(rows, members)
-        logprobs = token_logprobs(rows, tokens, [m.sampling for m in members])
-        events = [self._emit(member, token, logprob) for member, token, logprob in zip(members, tokens, logprobs)]
-        if prompt_entries is not None:
-            for event in events:
-                event.prompt_logprobs = prompt_entries
         return events
 
     def _decode_step(self) -> list[TokenEvent]:
@@ -338,7 +285,7 @@ class Engine:
 
     def _finish(self, request: _Request, reason: str, token_id: int, index: int | None = None) -> TokenEvent:
         """Called with the lock held: the request leaves the live set and gives its slot back."""
-        held = self._running.pop(request.request_id, None) is not None or self._pending_forks.pop(request.request_id, None) is not None
+        held = any(table.pop(request.request_id, None) is not None for table in (self._running, self._pending_forks, self._prefilling))
         if request.slot >= 0 and held:
             self.pool.release(request.slot)
             request.slot = -1
@@ -360,7 +307,7 @@ class Engine:
             return EngineTotals(
                 output_tokens=stats.output_tokens, decode_steps=stats.decode_steps, warmup_compiles=stats.warmup_compiles,
                 warmup_s=stats.warmup_s, compiles=len(stats.compiled), compile_s=sum(r.compile_s for r in stats.compiled),
-                running=len(self._running), waiting=len(self._waiting), free_slots=self.pool.num_free,
+                running=self._slot_holders(), waiting=len(self._waiting), free_slots=self.pool.num_free,
                 slots=self.config.max_seqs, state_bytes_per_sequence=stats.memory.state_bytes_per_sequence,
             )
 

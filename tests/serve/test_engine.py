@@ -285,7 +285,7 @@ def test_the_engine_exposes_the_checkpoint_tokenizer(zoo_dir):
     assert ids and engine.tokenizer.decode(ids) == "The Python language"
 
 
-def test_a_prefill_budget_spreads_admissions_over_steps_and_never_starves_a_long_prompt(gla):
+def test_a_prefill_budget_spreads_admissions_over_steps_and_chunks_a_long_prompt(gla):
     engine = _engine(gla, eager=True, max_seqs=4, buckets=(1, 2, 4), max_prefill_tokens=8)
     for index in range(3):
         engine.add_request(f"short{index}", [5, 6, 7, 8], max_tokens=6)  # 4 tokens each: two fit the budget
@@ -299,13 +299,17 @@ def test_a_prefill_budget_spreads_admissions_over_steps_and_never_starves_a_long
     step()
     assert engine.num_running == 2 and engine.num_waiting == 2
     step()
-    assert engine.num_running == 3 and engine.num_waiting == 1  # short2 (4) + long (20) > 8: long waits
+    # short2 (4) and the first 4 tokens of long share the budget: long holds a slot while it prefills
+    assert engine.num_running == 3 and engine.num_waiting == 0 and engine.free_slots == 0
     step()
-    assert engine.num_waiting == 0, "a prompt over the budget is admitted alone, first in line"
+    assert engine.num_running == 3 and "long" not in tokens, "8 more of long's 20 tokens: still prefilling"
+    step()
+    assert len(tokens["long"]) == 2 and engine.num_running == 3, "the last 8: its first token, a decode, and done"
     while engine.has_unfinished():
         step()
     assert engine.free_slots == 4 and tokens["long"] == _alone(gla.model, list(range(10, 30)), 2)
     assert all(tokens[f"short{i}"] == _alone(gla.model, [5, 6, 7, 8], 6) for i in range(3))
+    assert engine.stats().as_dict()["prefill_calls"] == 4
 
 
 def test_without_max_len_a_kv_slot_stops_at_the_model_positions_and_fits_the_free_memory(zoo_dir, monkeypatch):

@@ -1,0 +1,185 @@
+"""Batched, chunked prefill in the engine (serve/engine_prefill.py): prompts of different lengths prefilled in
+one right-padded call, a prompt longer than max_prefill_tokens chunked over steps while running sequences
+keep decoding, echo's prompt log-probabilities across chunks, n > 1 and aborts mid-prefill.
+
+Models: tiny Qwen3, Gemma 3 (a sliding-window layer of 8 with prompts past it) and GLA with and without
+short convolutions, built with a wide init (std 0.1: logits far from uniform, so a leaked pad or a wrong
+chunk start shows). Eager, float32. Greedy tokens are compared exactly; log-probabilities with
+("model_logits", float32) = 1e-5 for the KV-cache models (the same math over a padded batch, summation order
+aside) and ("recurrence", float32) = 1e-4 for the GLA (the chunked form over a different chunking).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from assay.core.numerics import assert_close
+from assay.models import registry
+from assay.serve import Engine, EngineConfig, run_to_completion
+from assay.serve.engine_prefill import plan_chunks
+
+# Lengths padded to 40 stay within the padding cap, so one call takes them all; most pass Gemma 3's window of 8.
+LENGTHS = [40, 9, 33, 26, 38]
+NEW = 6
+MODELS = ["qwen3", "gemma3", "gla", "gla_conv"]
+
+
+def _adapter(name: str):
+    spec = registry.get("gla" if name == "gla_conv" else name)
+    args = replace(spec.flavours["tiny"], max_seq_len=128, **({"use_short_conv": True} if name == "gla_conv" else {}))
+    model = spec.build(args, "cpu", torch.float32, seed=0)
+    model.init_weights(std=0.1, generator=torch.Generator().manual_seed(0))
+    return spec.adapter_for(model.eval(), args)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def adapter(request):
+    return _adapter(request.param)
+
+
+def _check(adapter) -> str:
+    return "model_logits" if adapter.uses_max_len() else "recurrence"
+
+
+def _prompts(vocab_size: int, lengths=LENGTHS) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(3, vocab_size, (n,), generator=generator).tolist() for n in lengths]
+
+
+def _engine(adapter, **overrides) -> Engine:
+    config = {"max_seqs": 8, "buckets": (1, 2, 4, 8), "eager": True, "max_len": 64} | overrides
+    return Engine(adapter, EngineConfig(**config))
+
+
+def _run(engine: Engine, prompts: list[list[int]], **request) -> tuple[dict[str, list[int]], dict[str, object]]:
+    """Every request's tokens, and its first event (first token's log-probabilities, echo's prompt entries)."""
+    for index, prompt in enumerate(prompts):
+        engine.add_request(f"r{index}", prompt, max_tokens=NEW, **request)
+    tokens: dict[str, list[int]] = {}
+    first: dict[str, object] = {}
+    while engine.has_unfinished():
+        for event in engine.step():
+            first.setdefault(event.request_id, event)
+            tokens.setdefault(event.request_id, []).append(event.token_id)
+    return tokens, first
+
+
+def _alone(adapter, prompts, **request):
+    """Each prompt through its own engine: one prompt per prefill call, no chunks."""
+    tokens, first = {}, {}
+    for index, prompt in enumerate(prompts):
+        got, events = _run(_engine(adapter, max_seqs=1, buckets=(1,), max_prefill_tokens=None), [prompt], **request)
+        tokens[f"r{index}"], first[f"r{index}"] = got["r0"], events["r0"]
+    return tokens, first
+
+
+def _assert_same_logprobs(check, got, want) -> None:
+    """Two TokenLogprob entries: the same token and top ids, log-probabilities within the tolerance."""
+    assert got.token_id == want.token_id and [t for t, _ in got.top] == [t for t, _ in want.top]
+    assert_close(check, torch.tensor([got.logprob, *(v for _, v in got.top)]), torch.tensor([want.logprob, *(v for _, v in want.top)]), torch.float32)
+
+
+@pytest.mark.parametrize("budget", [256, 16])
+def test_a_batched_or_chunked_prefill_gives_each_prompt_what_it_gets_alone(adapter, budget):
+    prompts = _prompts(adapter.args.vocab_size)
+    expected, expected_first = _alone(adapter, prompts, logprobs=5)
+    engine = _engine(adapter, max_prefill_tokens=budget)
+    tokens, first = _run(engine, prompts, logprobs=5)
+    stats = engine.stats().as_dict()
+    assert tokens == expected
+    for request_id, event in first.items():
+        _assert_same_logprobs(_check(adapter), event.logprob, expected_first[request_id].logprob)
+    assert stats["prefills"] == len(prompts) and stats["prefill_tokens"] == sum(LENGTHS)
+    if budget == 256:  # every prompt in one call of 5 rows x 40: padded, not one call per prompt
+        assert stats["prefill_calls"] == 1 and stats["prefill_padding_fraction"] == pytest.approx(1 - sum(LENGTHS) / (5 * 40))
+    else:  # chunks of at most 16 tokens, rows x width <= 16 per call: later chunks continue from the slot
+        assert stats["prefill_calls"] >= sum(LENGTHS) // 16 + 1
+
+
+def test_a_long_prompt_is_chunked_while_running_sequences_get_a_token_every_step():
+    adapter = _adapter("qwen3")
+    engine = _engine(adapter, max_prefill_tokens=16, max_len=96)
+    short, long = _prompts(adapter.args.vocab_size, [4, 5]), _prompts(adapter.args.vocab_size, [50])[0]
+    for index, prompt in enumerate(short):
+        engine.add_request(f"s{index}", prompt, max_tokens=30)
+    engine.step()  # both prefilled together (9 tokens) and decoding
+    engine.add_request("long", long, max_tokens=3)
+    calls = engine.stats().prefill_calls
+    steps = 0
+    long_tokens: list[int] = []
+    while not long_tokens:
+        events = engine.step()
+        steps += 1
+        by_id = {e.request_id for e in events}
+        assert by_id >= {"s0", "s1"}, f"step {steps}: a running sequence got no token while the long prompt prefilled"
+        long_tokens = [e.token_id for e in events if e.request_id == "long"]
+        if not long_tokens:
+            assert engine.totals().running == 3 and engine.num_running == 2, "the prompt being prefilled holds its slot"
+    assert steps == 4, "50 tokens at 16 a step: 16 + 16 + 16 + 2"
+    assert engine.stats().prefill_calls - calls == 4, "one prefill call per step"
+    long_tokens += run_to_completion(engine).get("long", [])
+    assert long_tokens == _alone(adapter, [long])[0]["r0"][:3]
+
+
+def test_echo_prompt_logprobs_over_a_chunked_prompt_equal_the_unchunked_ones(adapter):
+    prompts = _prompts(adapter.args.vocab_size, [37, 12])
+    _, whole = _alone(adapter, prompts, prompt_logprobs=3)
+    engine = _engine(adapter, max_prefill_tokens=8)
+    _, chunked = _run(engine, prompts, prompt_logprobs=3)
+    assert engine.stats().prefill_calls >= 37 // 8 + 1
+    for request_id, event in chunked.items():
+        entries, reference = event.prompt_logprobs, whole[request_id].prompt_logprobs
+        assert len(entries) == len(reference) == len(prompts[int(request_id[1:])])
+        assert entries[0].logprob is None and reference[0].logprob is None
+        for got, want in zip(entries[1:], reference[1:]):
+            _assert_same_logprobs(_check(adapter), got, want)
+
+
+def test_n_choices_with_a_chunked_prefill_copy_the_whole_prompt_state():
+    adapter = _adapter("gla_conv")
+    prompt = _prompts(adapter.args.vocab_size, [30])
+    request = {"n": 3, "temperature": 1.0, "seed": 11}
+    engine = _engine(adapter, max_prefill_tokens=8)
+    tokens, _ = _run(engine, prompt, **request)
+    expected, _ = _run(_engine(adapter, max_prefill_tokens=None), prompt, **request)
+    assert engine.stats().prefill_calls == 4 and engine.stats().prefills == 1, "prefilled once, in chunks of 8"
+    assert sorted(tokens) == ["r0", "r0/1", "r0/2"] and tokens == expected
+    assert len({tuple(t) for t in tokens.values()}) > 1, "the choices sample apart"
+    assert engine.free_slots == 8
+
+
+def test_an_abort_during_a_chunked_prefill_frees_the_slot_and_a_choice_left_takes_over():
+    adapter = _adapter("gemma3")
+    prompt = _prompts(adapter.args.vocab_size, [40])[0]
+    engine = _engine(adapter, max_prefill_tokens=8)
+    engine.add_request("pair", prompt, max_tokens=4, n=2)
+    engine.step()  # 8 of 40 tokens in choice 0's slot; choice 1's slot waits for the copy
+    assert engine.free_slots == 6 and engine.totals().running == 2 and engine.num_running == 0
+    engine.abort("pair")  # pair/1 takes over the partial prefill (copied into its slot)
+    events = engine.step()
+    assert [(e.request_id, e.finish_reason) for e in events] == [("pair", "abort")] and engine.free_slots == 7
+    tokens = run_to_completion(engine)
+    assert tokens["pair/1"] == _run(_engine(adapter), [prompt])[0]["r0"][:4]
+    assert engine.stats().prefill_calls == 5, "40 tokens in chunks of 8, the hand-over lost none"
+
+    engine.add_request("gone", prompt, max_tokens=4)
+    engine.step()
+    assert engine.free_slots == 7 and engine.num_waiting == 0
+    engine.abort("gone")
+    events = engine.step()
+    assert [(e.request_id, e.finish_reason, e.token_id) for e in events] == [("gone", "abort", -1)]
+    assert engine.free_slots == 8 and not engine.has_unfinished() and engine.totals().running == 0
+    assert engine.stats().as_dict()["finished"] == {"abort": 2, "length": 1}
+
+
+def test_plan_chunks_keeps_the_budget_and_the_padding_cap():
+    assert plan_chunks([128] * 6, 512) == [128] * 4 + [0, 0]
+    assert plan_chunks([2000, 10], 512) == [512, 0], "the oldest takes the whole budget"
+    assert plan_chunks([100, 500, 10], 512) == [100, 256, 0], "a long one joins with what the budget leaves per row"
+    assert plan_chunks([5, 3, 7, 1], None) == [5, 3, 7, 1]
+    # 4 rows x 60 = 240 padded against 63 real tokens: past the cap, so the 60-token prompt waits, not the next
+    assert plan_chunks([1, 1, 1, 60, 2], None, 2.0) == [1, 1, 1, 0, 2]
+    assert plan_chunks([10, 500, 10], 512, 1.5) == [10, 0, 10], "2 x 256 padded for 266 real: past 1.5x"
