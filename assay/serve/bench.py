@@ -56,7 +56,7 @@ class ServeBenchRequest:
     seed: int = 0
     check_eager: bool = False
     fresh_compile_cache: bool = True
-    max_prefill_tokens: int | None = None  # the engine's per-step prefill budget (None: admit all that fit)
+    max_prefill_tokens: int | None = None  # the engine's per-step prefill budget (None: the engine's default, EngineConfig)
 
     def validate(self) -> None:
         if self.arrivals not in ARRIVALS:
@@ -193,7 +193,8 @@ def _engine_config(request: ServeBenchRequest, mode: str, prompt_tokens: int) ->
         max_new_tokens=request.max_tokens,
         max_len=prompt_tokens + request.max_tokens,
         check_eager=request.check_eager and mode != "eager",
-        max_prefill_tokens=request.max_prefill_tokens,
+        dtype=request.dtype,
+        **({} if request.max_prefill_tokens is None else {"max_prefill_tokens": request.max_prefill_tokens}),  # None: the engine's default
     )
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from assay.core.errors import AssayError
-from assay.serve.adapters import state_dtype
+from assay.serve.adapters import state_dtype, weight_dtype
 from assay.serve.scheduler import DEFAULT_BUCKETS, check_buckets
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ class EngineConfig:
     device: str = "cpu"
     backend: str = "inductor"
     state_dtype: str = "float32"  # or "bfloat16"
+    dtype: str = "float32"  # the weights' (--dtype): float32 or bfloat16; logits are float32 either way
     max_waiting: int = 256  # bounded queue of requests not yet in a slot
     max_prompt_tokens: int = 8192
     max_new_tokens: int = 4096  # upper limit for a request's max_tokens
@@ -55,6 +56,7 @@ class EngineConfig:
         if self.max_len is not None and self.max_len < 2:
             raise AssayError(f"--max-len must be at least 2, got {self.max_len}")
         state_dtype(self.state_dtype)
+        weight_dtype(self.dtype)
         check_buckets(self.buckets, self.max_seqs)
 
 

@@ -44,7 +44,7 @@ from assay.serve.pool import SlotPool
 from assay.serve.sampling import TokenLogprob, sample_tokens, token_logprobs
 from assay.serve.scheduler import decode_width, warm_up_widths
 from assay.serve.sizing import (
-    POOL_MEMORY_SHARE, SLOT_LEN_GRAIN, check_pool_fits, checkpoint_positions, fitted_slot_len,
+    POOL_MEMORY_SHARE, SLOT_LEN_GRAIN, check_max_len, check_pool_fits, checkpoint_positions, fitted_slot_len,
 )
 
 _check_pool_fits = check_pool_fits  # the name before the split
@@ -102,13 +102,14 @@ class Engine(BatchPrefill):
     def from_checkpoint(cls, path: str | os.PathLike, config: EngineConfig) -> Engine:
         """The adapter of the architecture registry's entry for config.json's model_type; the checkpoint's own tokenizer."""
         config.validate()
+        check_max_len(path, config.max_len)  # past the model's positions only where its rope scaling reaches
         device = resolve_device(config.device)
         if config.max_len is not None:
-            adapter = load_adapter(path, device, config.max_len)
+            adapter = load_adapter(path, device, config.max_len, config.dtype)
         else:
             # No --max-len: a slot reaches prompt + new tokens, but not past the positions the model was
             # trained for (its rotary table would be extended silently) nor past what the memory holds.
-            adapter = load_adapter(path, device, min(config.slot_len(), checkpoint_positions(path) or config.slot_len()))
+            adapter = load_adapter(path, device, min(config.slot_len(), checkpoint_positions(path) or config.slot_len()), config.dtype)
             if adapter.uses_max_len():
                 config = replace(config, max_len=fitted_slot_len(adapter, config, device))
         from assay.models.hf_checkpoint import checkpoint_dir

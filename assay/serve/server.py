@@ -28,6 +28,7 @@ class ServeRequest:
     eager: bool = False
     state_dtype: str = "float32"
     dtype: str = "float32"  # the weights' (--dtype): float32 or bfloat16; logits are float32 either way
+    max_prefill_tokens: int | None = None  # None: the engine's default budget
     max_waiting: int = 256
     max_prompt_tokens: int = 8192
     max_new_tokens: int = 4096
@@ -50,7 +51,6 @@ def default_buckets(max_seqs: int) -> tuple[int, ...]:
 
 def engine_config(request: ServeRequest):
     """The engine's flags, checked (with --dtype, and --max-len against the checkpoint's positions)."""
-    from assay.serve.adapters import weight_dtype
     from assay.serve.engine import EngineConfig
     from assay.serve.scheduler import parse_buckets
     from assay.serve.sizing import check_max_len
@@ -66,26 +66,22 @@ def engine_config(request: ServeRequest):
     config = EngineConfig(
         max_seqs=request.max_seqs, buckets=buckets, eager=request.eager, device=request.device, backend=request.backend,
         state_dtype=request.state_dtype, max_waiting=request.max_waiting, max_prompt_tokens=request.max_prompt_tokens,
-        max_new_tokens=request.max_new_tokens, max_len=request.max_len,
+        max_new_tokens=request.max_new_tokens, max_len=request.max_len, dtype=request.dtype,
+        **({} if request.max_prefill_tokens is None else {"max_prefill_tokens": request.max_prefill_tokens}),
     )
     config.validate()
-    weight_dtype(request.dtype)
     check_max_len(request.model, request.max_len)
     return config
 
 
 def load_engine(request: ServeRequest, config):
-    """Engine.from_checkpoint with the weights in --dtype (cast before the first decode is traced)."""
-    import torch
-
+    """Engine.from_checkpoint: the weights in config.dtype (--dtype), cast before the first decode is traced."""
     from assay.models.hf_checkpoint import checkpoint_dir
-    from assay.serve.adapters import cast_weights, weight_dtype
     from assay.serve.engine import Engine
 
-    engine = Engine.from_checkpoint(checkpoint_dir(request.model), config)
-    if weight_dtype(request.dtype) != torch.float32:
-        cast_weights(engine.adapter, request.dtype)
-    return engine
+    from dataclasses import replace
+
+    return Engine.from_checkpoint(checkpoint_dir(request.model), replace(config, dtype=request.dtype))
 
 
 def check_request(request: ServeRequest) -> None:

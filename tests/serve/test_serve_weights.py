@@ -118,6 +118,7 @@ def test_max_len_past_the_positions_is_refused_in_one_line(zoo_dir, scaled_llama
         ("serve-bench", "gla", ["--dtype", "fp8"], "--dtype 'fp8': expected float32 or bfloat16"),
         # serve-bench's slots hold the longest prompt + --max-tokens: the same refusal as --max-len
         ("serve-bench", "llama", ["--prompt-tokens", "2040", "--max-tokens", "32"], "--prompt-tokens + --max-tokens 2072 is past the model's 2048 positions"),
+        ("serve", "qwen3", ["--port", "0", "--max-prefill-tokens", "0"], "--max-prefill-tokens must be at least 1, got 0"),
     ],
 )
 def test_an_unknown_dtype_or_a_slot_past_the_positions_exits_2_in_one_line(zoo_dir, assay_cli, command, model, flags, message):
@@ -140,3 +141,15 @@ def test_max_len_the_rope_scaling_covers_is_served_in_bfloat16(scaled_llama):
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+def test_engine_from_checkpoint_takes_the_weights_dtype_and_refuses_a_slot_past_the_positions(zoo_dir):
+    # The Python API holds the same rules as the CLI: EngineConfig.dtype casts the weights, and a max_len
+    # past max_position_embeddings (2,048, no rope scaling) is refused before anything loads.
+    from assay.core.errors import AssayError
+    from assay.serve.engine import Engine
+
+    engine = Engine.from_checkpoint(zoo_dir / "qwen3", EngineConfig(max_seqs=1, buckets=(1,), eager=True, max_len=64, dtype="bfloat16"))
+    assert {param.dtype for param in engine.adapter.model.parameters()} == {torch.bfloat16}
+    with pytest.raises(AssayError, match="--max-len 3000 is past the model's 2048 positions"):
+        Engine.from_checkpoint(zoo_dir / "llama", EngineConfig(max_seqs=1, buckets=(1,), eager=True, max_len=3000))
