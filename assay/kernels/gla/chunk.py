@@ -17,10 +17,31 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from assay.kernels.gla.factorised import FACTORISED_LOG_RANGE, FactorisedParts, eager_forward
-from assay.kernels.gla.reference import accumulation_dtype, check_chunk_size, check_inputs
-from assay.kernels.gla.scan import bmm, chunked, compiling, cumulative_gates, reverse_cumsum_, reverse_scan, scan_states
-from assay.kernels.gla.sub_chunk import SubChunkParts, internal_chunk, plan, strongest_plan
+from assay.kernels.gla.factorised import (
+    FACTORISED_LOG_RANGE,
+    FactorisedParts,
+    eager_forward,
+)
+from assay.kernels.gla.reference import (
+    accumulation_dtype,
+    check_chunk_size,
+    check_inputs,
+)
+from assay.kernels.gla.scan import (
+    bmm,
+    chunked,
+    compiling,
+    cumulative_gates,
+    reverse_cumsum_,
+    reverse_scan,
+    scan_states,
+)
+from assay.kernels.gla.sub_chunk import (
+    SubChunkParts,
+    internal_chunk,
+    plan,
+    strongest_plan,
+)
 
 # gla_chunk works through the sequence this many tokens (rounded down to whole chunks) at a time:
 # one segment's [T, H, K] intermediates (2 MB at H=4, K=64 in float32) stay near this CPU's 2 MB L2
