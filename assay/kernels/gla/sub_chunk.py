@@ -271,7 +271,7 @@ class SubChunkParts:
             below = grads.view(flat, chunk // 2, 2, chunk // 2, 2).diagonal(dim1=1, dim2=3)[:, 1, 0].reshape(*self.blocks[:2], 1) * scale
             grad_queries = torch.zeros(self.blocks, dtype=grads.dtype, device=grads.device)
             grad_keys = torch.zeros_like(grad_queries)
-            torch.mul(below.view(*self.lead, -1, 1), self.q_b[..., 1, :], out=grad_keys.view(*self.lead, *self.blocks[1:])[..., 0, :])
+            grad_keys.view(*self.lead, *self.blocks[1:])[..., 0, :].addcmul_(below.view(*self.lead, -1, 1), self.q_b[..., 1, :])
         else:
             on_diagonal = _block_view(grads, block, diagonal=True).reshape(-1, block, block)
             grad_queries = bmm(on_diagonal, self.keys.view(-1, block, key_dim), alpha=scale).view(self.blocks)
