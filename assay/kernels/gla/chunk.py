@@ -198,7 +198,7 @@ def _in_range(g, chunk: int) -> torch.Tensor:
 
 def _compiled_forward(q, k, v, g, state, scale: float, chunk_size: int):
     """One graph whatever the gates: a torch.cond builds the factorised or the sub-chunk form's parts
-    (for any gate: blocks of 4 and the floor), then the shared scan. Both at a power-of-two chunk."""
+    (for any gate: blocks of 2, whose diagonal takes any gate), then the shared scan. Both at a power-of-two chunk."""
     chunk = internal_chunk(chunk_size)
     strongest = strongest_plan(chunk)
     batch, time, heads, key_dim = q.shape

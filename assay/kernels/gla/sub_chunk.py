@@ -22,10 +22,14 @@ exponents relative to each block's own start and end, so that every factor betwe
 So the full-size work is one exp and a few products whatever the gates; the gates set only h (the number
 of levels, log2(C / h)), never an explicit [C, C, K] decay tensor.
 
-Denormals (slow on some CPUs, in exp's argument range below -87 on every one): every exp argument is
-clamped above -87; a level's scale below e^-25 (h = 2) or its column factor below e^-86 is clamped there,
-which keeps its products with the >= e^-61 block factors normal and changes terms below e^-25 of |q| |k|;
-the state's entry factors below e^-86 and the chunk's decay below e^-60 are 0.
+Chunks of at most MAX_CHUNK (32) tokens: one level fewer than 64, for twice the state steps.
+
+Denormals: every exp argument is clamped above -87 (exp's slow path) and every factor tensor built here
+(E, the block scales, the chunk's decay) is a normal number or zero: a level's row scale below e^-25 and
+a column factor below e^-86 (e^-25 for h = 2) are clamped there, which changes terms below e^-25 of
+|q| |k|; entry and exit scales are clamped at e^-86, the chunk's decay below e^-60 is 0. Products inside
+the matmuls can still be denormal for strong gates: free on this project's AMD EPYC (measured), 50x
+slower on the Intel machine the first design was tuned on (docs/gla.md: not measured for this design).
 """
 
 from __future__ import annotations
