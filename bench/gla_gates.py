@@ -112,8 +112,11 @@ def run(time_steps: int, rounds: int, before: str | None, dtypes: tuple[torch.dt
         for mode in ("fwd", "fwd+bwd"):
             mine = [r for r in rows if r["version"] == "now" and r["dtype"] == str(dtype).removeprefix("torch.") and r["mode"] == mode]
             worst = max(mine, key=lambda r: r["median_vs_weak"])
+            best = max(mine, key=lambda r: r["min_vs_weak"])  # best-of-rounds: what a loaded machine resolves
             targets[f"{worst['dtype']} {mode}"] = {"worst_gate": worst["gate"], "median_vs_weak": worst["median_vs_weak"],
-                                                   "target": TARGET_RATIO, "met": worst["median_vs_weak"] <= TARGET_RATIO}
+                                                   "worst_gate_by_min": best["gate"], "min_vs_weak": best["min_vs_weak"], "target": TARGET_RATIO,
+                                                   "met": worst["median_vs_weak"] <= TARGET_RATIO, "met_by_min": best["min_vs_weak"] <= TARGET_RATIO,
+                                                   "missed_by_min": [r["gate"] for r in mine if r["min_vs_weak"] > TARGET_RATIO]}
     errors = {f"{g} {str(d).removeprefix('torch.')}": accuracy(g, d) for g in GATES for d in dtypes}
     return {
         "config": {"batch": BATCH, "heads": HEADS, "key_dim": KEY_DIM, "value_dim": VALUE_DIM, "chunk_size": CHUNK, "T": time_steps,
@@ -123,7 +126,8 @@ def run(time_steps: int, rounds: int, before: str | None, dtypes: tuple[torch.dt
         "targets": targets,
         "rel_error_vs_float64_T512": errors,
         "tolerance": {str(d).removeprefix("torch."): tolerance("recurrence", d) for d in dtypes},
-        "notes": ["median_vs_weak: a case's median time over the /16 gate's, same version, dtype and mode",
+        "notes": ["median_vs_weak: a case's median time over the /16 gate's, same version, dtype and mode; min_vs_weak: the same for the best round",
+                  "targets: met by median and met_by_min (best of rounds); on a loaded 2-core machine at 2 threads the medians carry scheduling waits",
                   "the machine's load average per round is in config; compare ratios, not absolute times, across runs"],
         "total_s": time.perf_counter() - started,
     }
@@ -162,10 +166,12 @@ def main() -> None:
     atomic_write_json(out / "gla_gates.json", result)
     draw(result, out / "gla_gates.png")
     table = [{"version": r["version"], "gate": r["gate"], "dtype": r["dtype"], "mode": r["mode"], "median ms": f"{1000 * r['median_s']:.1f}",
-              "min ms": f"{1000 * r['min_s']:.1f}", "x /16 (median)": f"{r['median_vs_weak']:.2f}"} for r in result["rows"]]
+              "min ms": f"{1000 * r['min_s']:.1f}", "x /16 (median)": f"{r['median_vs_weak']:.2f}",
+              "x /16 (min)": f"{r['min_vs_weak']:.2f}"} for r in result["rows"]]
     print_table(table, list(table[0].keys()), title=f"gla_chunk by gate strength, T={args.T}, {args.threads} thread(s)")
     for name, target in result["targets"].items():
-        print(f"{name}: worst {target['worst_gate']} {target['median_vs_weak']:.2f}x the /16 gate (target {TARGET_RATIO}x: {'met' if target['met'] else 'missed'})")
+        print(f"{name}: by median worst {target['worst_gate']} {target['median_vs_weak']:.2f}x the /16 gate ({'met' if target['met'] else 'missed'}); "
+              f"by best of rounds worst {target['worst_gate_by_min']} {target['min_vs_weak']:.2f}x ({'met' if target['met_by_min'] else 'missed'}, target {TARGET_RATIO}x)")
     print(f"rel. error vs float64 at T=512: { {k: f'{v:.1e}' for k, v in result['rel_error_vs_float64_T512'].items()} }")
     print(f"wrote {out / 'gla_gates.json'} in {result['total_s']:.0f} s (load {result['config']['loadavg_end']})")
 

@@ -12,13 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import assay.kernels.gla.chunk as chunk_module
 from assay.core.compiling import compile_fn
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-import assay.kernels.gla.factorised as factorised
-from assay.kernels.gla import LIMITS, SEGMENT_TOKENS, SubChunkPlan, plan
+from assay.kernels.gla import LIMITS, SEGMENT_TOKENS, SubChunkPlan, factorised, plan
 from assay.kernels.gla.chunk import _GLAChunkFunction
 from assay.kernels.gla.scan import cumulative_gates
+from assay.kernels.gla.sub_chunk import MAX_CHUNK as MAX_SUB_CHUNK
 from assay.kernels.gla.sub_chunk import SubChunkParts
 from assay.ops import gla_chunk, gla_recurrent, gla_step
 
@@ -234,15 +235,16 @@ def test_the_form_is_chosen_from_the_gates():
     shape = (1, 256, HEADS, KEY_DIM)
     # The model's gate keeps every chunk of 128 tokens on the factorised form, and so does / 4 at 64.
     assert form_of(gate("/16", shape), 128) is None and form_of(gate("/4", shape), 64) is None
-    # Stronger gates: the sub-chunk form with smaller blocks the stronger they are; wiping gates: the floor.
+    # Stronger gates: the sub-chunk form (chunks of 32), with smaller blocks the stronger they are; gates that
+    # wipe the state: blocks of 2, whose diagonal takes any gate.
     one, four, wipe = (form_of(gate(strength, shape), 64) for strength in ("1x", "4x", "wipe"))
-    assert isinstance(one, SubChunkPlan) and one.floor is None and one.half == 32
-    assert four.floor is None and 2 <= four.half < one.half
-    assert wipe == SubChunkPlan(64, 2, LIMITS[torch.float32].half_range / 2)
-    # Each plan's blocks really decay by at most e^half_range.
-    _, local = cumulative_gates(gate("4x", shape), 64, keep_local=True)
-    blocks = gate("4x", shape).view(1, -1, four.half, HEADS, KEY_DIM).sum(2)
-    assert blocks.min() >= -LIMITS[torch.float32].half_range and plan(local, 64) == four
+    assert one == SubChunkPlan(MAX_SUB_CHUNK, 16) and wipe == SubChunkPlan(MAX_SUB_CHUNK, 2)
+    assert four.chunk == MAX_SUB_CHUNK and 4 <= four.block < one.block
+    # Each plan's blocks really decay by at most e^block_range, and the next larger block would not.
+    blocks = gate("4x", shape).view(1, -1, four.block, HEADS, KEY_DIM).sum(2)
+    twice = gate("4x", shape).view(1, -1, 2 * four.block, HEADS, KEY_DIM).sum(2)
+    assert blocks.min() >= -LIMITS[torch.float32].block_range > twice.min()
+    assert plan(cumulative_gates(gate("4x", shape), 64), 64) == four
 
 
 @pytest.mark.parametrize("strength", ["/16", "/4", "1x", "4x", "wipe", "mixed"])
@@ -261,6 +263,9 @@ def test_every_gate_strength_matches_recurrent_with_gradients(strength, chunk_si
     o_ref, state_ref = gla_recurrent(*as_float64(inputs[:4]), initial_state=inputs[4].double(), output_final_state=True)
     assert_close("recurrence", o, o_ref, torch.float32)
     assert_close("recurrence", state, state_ref, torch.float32)
+    o_rec, state_rec = gla_recurrent(*inputs[:4], initial_state=inputs[4], output_final_state=True)  # the loop in float32
+    assert_close("recurrence", o, o_rec, torch.float32)
+    assert_close("recurrence", state, state_rec, torch.float32)
     grads = _gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=chunk_size)
     grads_ref = _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)
     for name, grad, grad_ref in zip(["q", "k", "v", "g", "initial_state"], grads, grads_ref):
@@ -268,15 +273,27 @@ def test_every_gate_strength_matches_recurrent_with_gradients(strength, chunk_si
         assert_close("recurrence", grad, grad_ref, torch.float32)
 
 
-@pytest.mark.parametrize("strength", ["4x", "wipe"])
-def test_strong_gates_in_bfloat16_match_recurrent(strength):
-    q, k, v, _, h0 = make_inputs(130, 1.0, dtype=torch.bfloat16)
-    g = gate(strength, q.shape).to(torch.bfloat16)
-    o, state = gla_chunk(q, k, v, g, initial_state=h0, output_final_state=True, chunk_size=64)
-    o_ref, state_ref = gla_recurrent(*as_float64([q, k, v, g]), initial_state=h0.double(), output_final_state=True)
+@pytest.mark.parametrize("strength", ["/16", "1x", "4x", "wipe"])
+def test_every_gate_strength_in_bfloat16_matches_recurrent_with_gradients(strength):
+    # bfloat16 inputs (the kernel accumulates in float32): outputs, final state and every gradient against the
+    # float64 reference at ("recurrence", bfloat16), and the output against gla_recurrent run in float32.
+    time = 2 * 64 + 37
+    inputs = make_inputs(time, 1.0, dtype=torch.bfloat16)
+    inputs[3] = gate(strength, inputs[3].shape).to(torch.bfloat16)
+    generator = torch.Generator().manual_seed(1)
+    grad_o = torch.randn(2, time, HEADS, VALUE_DIM, generator=generator, dtype=torch.float64).to(torch.bfloat16).double()
+    grad_state = torch.randn(2, HEADS, KEY_DIM, VALUE_DIM, generator=generator, dtype=torch.float64)
+    o, state = gla_chunk(*inputs[:4], initial_state=inputs[4], output_final_state=True, chunk_size=64)
+    o_ref, state_ref = gla_recurrent(*as_float64(inputs[:4]), initial_state=inputs[4].double(), output_final_state=True)
+    o_rec, _ = gla_recurrent(*(x.float() for x in inputs[:4]), initial_state=inputs[4].float())
     assert o.dtype == torch.bfloat16 and state.dtype == torch.float32
     assert_close("recurrence", o, o_ref, torch.bfloat16)
+    assert_close("recurrence", o, o_rec, torch.bfloat16)
     assert_close("recurrence", state, state_ref, torch.bfloat16)
+    grads = _gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=64)
+    for name, grad, grad_ref in zip(["q", "k", "v", "g", "initial_state"], grads, _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)):
+        assert grad.dtype == torch.bfloat16 and torch.isfinite(grad).all(), name
+        assert_close("recurrence", grad, grad_ref, torch.bfloat16)
 
 
 def test_the_sub_chunk_form_matches_recurrent_on_the_models_gates(monkeypatch):
@@ -297,21 +314,39 @@ def test_the_sub_chunk_form_matches_recurrent_on_the_models_gates(monkeypatch):
         assert_close("recurrence", grad, grad_ref, torch.float32)
 
 
+@pytest.mark.parametrize("block", [2, 4, 16])
+def test_each_block_size_matches_recurrent_on_the_models_gates(monkeypatch, block):
+    # Forced on the model's gate, every block size (2: the row-wise diagonal; 4: levels stacked 16 rows to a
+    # product; 16: one matmul per diagonal block) gives the recurrence, forward and backward.
+    monkeypatch.setattr(factorised, "FACTORISED_LOG_RANGE", 0.0)
+    monkeypatch.setattr(chunk_module, "plan", lambda b, chunk: SubChunkPlan(min(chunk, MAX_SUB_CHUNK), block))
+    inputs = make_inputs(2 * 64 + 37, 1.0)
+    inputs[3] = gate("/16", inputs[3].shape)
+    assert form_of(F.pad(inputs[3], (0, 0, 0, 0, 0, 27)), 64) == SubChunkPlan(MAX_SUB_CHUNK, block)
+    generator = torch.Generator().manual_seed(1)
+    grad_o = torch.randn(2, inputs[0].shape[1], HEADS, VALUE_DIM, generator=generator, dtype=torch.float64)
+    grad_state = torch.randn(2, HEADS, KEY_DIM, VALUE_DIM, generator=generator, dtype=torch.float64)
+    o, state = gla_chunk(*inputs[:4], initial_state=inputs[4], output_final_state=True, chunk_size=64)
+    o_ref, state_ref = gla_recurrent(*as_float64(inputs[:4]), initial_state=inputs[4].double(), output_final_state=True)
+    assert_close("recurrence", o, o_ref, torch.float32)
+    assert_close("recurrence", state, state_ref, torch.float32)
+    for grad, grad_ref in zip(_gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=64), _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)):
+        assert_close("recurrence", grad, grad_ref, torch.float32)
+
+
 @pytest.mark.parametrize("strength", ["1x", "4x", "wipe"])
-def test_the_sub_chunk_form_forms_no_denormals(strength):
-    # On this project's CPU a matmul with denormal products runs 50x slower (docs/gla.md): every tensor the
-    # form builds for a matmul holds normal numbers or zeros, for gates that decay into float32's bottom.
+def test_the_sub_chunk_form_passes_no_denormal_to_exp_or_the_scan(strength):
+    # exp of an argument below -87 (a denormal result) runs 13x slower on this project's CPU (docs/gla.md):
+    # every factor the form builds, and the chunk's decay the state scan multiplies by, is normal or zero.
     q, k, _, _, _ = make_inputs(256, 1.0, batch=1)
     g = gate(strength, q.shape)
-    _, local = cumulative_gates(g, 64, keep_local=True)
-    form = plan(local, 64)
-    parts = SubChunkParts(q, k, g, None if form.floor is not None else cumulative_gates(g, 64, keep_local=True)[1], form, KEY_DIM**-0.5)
-    tensors = [parts.queries, parts.keys, parts.queries_entry, parts.keys_exit, parts.chunk_decay, parts.scores]
-    tensors += [x for level in parts.levels for x in level[1:3]]
+    parts = SubChunkParts(q, k, g, plan(cumulative_gates(g, 64), 64), KEY_DIM**-0.5)
+    tensors = [parts.factor, parts.before, parts.exit_scale, parts.chunk_decay]
+    tensors += [scale for level in parts.levels for scale in level[3:] if scale is not None]
     smallest_normal = torch.finfo(torch.float32).tiny
     for tensor in tensors:
-        magnitude = tensor.abs()
-        assert not ((magnitude > 0) & (magnitude < smallest_normal)).any()
+        assert not ((tensor > 0) & (tensor < smallest_normal)).any()
+        assert (tensor >= 0).all() and (tensor <= 1).all()
 
 
 def test_backward_keeps_no_per_chunk_intermediates():

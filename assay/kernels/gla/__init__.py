@@ -12,7 +12,13 @@ Public: assay.ops.gla_chunk / gla_recurrent / gla_step re-export these (docs/gla
 
 from assay.kernels.gla.chunk import SEGMENT_TOKENS, gla_chunk
 from assay.kernels.gla.factorised import FACTORISED_LOG_RANGE
-from assay.kernels.gla.reference import CHUNK_MULTIPLE, MAX_CHUNK, MIN_CHUNK, gla_recurrent, gla_step
+from assay.kernels.gla.reference import (
+    CHUNK_MULTIPLE,
+    MAX_CHUNK,
+    MIN_CHUNK,
+    gla_recurrent,
+    gla_step,
+)
 from assay.kernels.gla.sub_chunk import LIMITS, SubChunkPlan, plan
 
 __all__ = [

@@ -17,10 +17,31 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from assay.kernels.gla.factorised import FACTORISED_LOG_RANGE, FactorisedParts, eager_forward
-from assay.kernels.gla.reference import accumulation_dtype, check_chunk_size, check_inputs
-from assay.kernels.gla.scan import bmm, chunked, compiling, cumulative_gates, reverse_cumsum_, reverse_scan, scan_states
-from assay.kernels.gla.sub_chunk import SubChunkParts, internal_chunk, plan, strongest_plan
+from assay.kernels.gla.factorised import (
+    FACTORISED_LOG_RANGE,
+    FactorisedParts,
+    eager_forward,
+)
+from assay.kernels.gla.reference import (
+    accumulation_dtype,
+    check_chunk_size,
+    check_inputs,
+)
+from assay.kernels.gla.scan import (
+    bmm,
+    chunked,
+    compiling,
+    cumulative_gates,
+    reverse_cumsum_,
+    reverse_scan,
+    scan_states,
+)
+from assay.kernels.gla.sub_chunk import (
+    SubChunkParts,
+    internal_chunk,
+    plan,
+    strongest_plan,
+)
 
 # gla_chunk works through the sequence this many tokens (rounded down to whole chunks) at a time:
 # one segment's [T, H, K] intermediates (2 MB at H=4, K=64 in float32) stay near this CPU's 2 MB L2
@@ -93,14 +114,13 @@ class _GLAChunkFunction(torch.autograd.Function):
     def forward(q, k, v, g, initial_state, scale, chunk_size):
         if compiling():
             return (*_compiled_forward(q, k, v, g, initial_state, scale, chunk_size), COMPILED)
-        result = eager_forward(q, k, v, g, initial_state, scale, chunk_size)
+        b = cumulative_gates(g, chunk_size)
+        result = eager_forward(q, k, v, g, initial_state, scale, chunk_size, b)
         if result is not None:
             return (*result, None)
-        chunk = internal_chunk(chunk_size)
-        b, local = cumulative_gates(g, chunk, keep_local=True)
-        form = plan(local, chunk)
-        parts = SubChunkParts(q, k, g, local, form, scale, b)
-        return (*_forward_from_parts(parts, v, initial_state, scale, chunk), form)
+        form = plan(b, internal_chunk(chunk_size))
+        parts = SubChunkParts(q, k, g, form, scale)
+        return (*_forward_from_parts(parts, v, initial_state, scale, form.chunk), form)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -122,13 +142,12 @@ class _GLAChunkFunction(torch.autograd.Function):
             grad_final = torch.zeros_like(final)
         saved = (q, k, v, g, states_before, final, grad_o, grad_final, scale)
         if form is None:
-            grads = _backward_body(FactorisedParts(q, k, g, chunk_size, scale), *saved, chunk_size, None)
+            grads = _backward_body(FactorisedParts(q, k, g, chunk_size, scale), *saved, chunk_size)
         elif form == COMPILED:
             grads = _compiled_backward(saved, chunk_size)
         else:
-            local = None if form.floor is not None else cumulative_gates(g, form.chunk, keep_local=True)[1]
-            parts = SubChunkParts(q, k, g, local, form, scale)
-            grads = _backward_body(parts, *saved, form.chunk, form.floor)
+            parts = SubChunkParts(q, k, g, form, scale)
+            grads = _backward_body(parts, *saved, form.chunk)
         return (*grads, None, None)
 
 
@@ -144,7 +163,7 @@ def _forward_from_parts(parts, v, state, scale: float, chunk: int):
     return (o.contiguous() if compiling() else o), final, states
 
 
-def _backward_body(parts, q, k, v, g, states_before, final, grad_o, grad_final, scale, chunk: int, floor):
+def _backward_body(parts, q, k, v, g, states_before, final, grad_o, grad_final, scale, chunk: int):
     """Gradients of q, k, v, g ([B, T, H, D] views) and of the initial state, through a form's parts."""
     v_c = chunked(v, chunk).contiguous()
     do = chunked(grad_o, chunk).contiguous()  # [B, H, N, C, V]
@@ -163,8 +182,6 @@ def _backward_body(parts, q, k, v, g, states_before, final, grad_o, grad_final, 
     exit_terms[:, :, :-1] += (grad_after[:, :, :-1] * states_before[:, :, 1:]).sum(-1)
     exit_terms[:, :, -1] += (grad_after[:, :, -1] * final).sum(-1)
     grad_g = reverse_cumsum_(grad_b)  # b_i sums g_t for t <= i
-    if floor is not None:  # a floored step's log gate does not move the result
-        grad_g = grad_g.masked_fill(chunked(g, chunk) < -floor, 0.0)
 
     def back(x):  # [B, H, N, C, D] -> [B, T, H, D] (a view)
         return x.flatten(2, 3).transpose(1, 2)
@@ -181,9 +198,9 @@ def _in_range(g, chunk: int) -> torch.Tensor:
 
 def _compiled_forward(q, k, v, g, state, scale: float, chunk_size: int):
     """One graph whatever the gates: a torch.cond builds the factorised or the sub-chunk form's parts
-    (for any gate: blocks of 4 and the floor), then the shared scan. Both at a power-of-two chunk."""
+    (for any gate: blocks of 2, whose diagonal takes any gate), then the shared scan. Both at a power-of-two chunk."""
     chunk = internal_chunk(chunk_size)
-    strongest = strongest_plan(chunk, q.dtype)
+    strongest = strongest_plan(chunk)
     batch, time, heads, key_dim = q.shape
     lead = (batch, heads, time // chunk)
 
@@ -193,7 +210,7 @@ def _compiled_forward(q, k, v, g, state, scale: float, chunk_size: int):
         return tuple(x.contiguous().flatten() for x in (parts.scores, parts.queries_entry, parts.keys_exit, parts.chunk_decay))
 
     def sub_chunk(q, k, g):
-        parts = SubChunkParts(q, k, g, None, strongest, scale)
+        parts = SubChunkParts(q, k, g, strongest, scale)
         return tuple(x.contiguous().flatten() for x in (parts.scores, parts.queries_entry, parts.keys_exit, parts.chunk_decay))
 
     operands = tuple(x.contiguous() for x in (q, k, g))
@@ -208,17 +225,17 @@ def _compiled_forward(q, k, v, g, state, scale: float, chunk_size: int):
 def _compiled_backward(saved, chunk_size: int):
     q, k, v, g, states_before, final, grad_o, grad_final, scale = saved
     chunk = internal_chunk(chunk_size)
-    strongest = strongest_plan(chunk, q.dtype)
+    strongest = strongest_plan(chunk)
     shapes = [x.shape for x in (q, k, v, g, final)]
 
     def factorised(*tensors):
-        grads = _backward_body(FactorisedParts(tensors[0], tensors[1], tensors[3], chunk, scale), *tensors, scale, chunk, None)
+        grads = _backward_body(FactorisedParts(tensors[0], tensors[1], tensors[3], chunk, scale), *tensors, scale, chunk)
         return tuple(x.contiguous().flatten() for x in grads)
 
     def sub_chunk(*tensors):
         q, k, g = tensors[0], tensors[1], tensors[3]
-        parts = SubChunkParts(q, k, g, None, strongest, scale)
-        grads = _backward_body(parts, *tensors, scale, chunk, strongest.floor)
+        parts = SubChunkParts(q, k, g, strongest, scale)
+        grads = _backward_body(parts, *tensors, scale, chunk)
         return tuple(x.contiguous().flatten() for x in grads)
 
     # Contiguous operands: a gradient arrives with its output's strides (o is a transposed view), and the

@@ -22,14 +22,15 @@ from assay.kernels.gla.scan import bmm, chunked, cumulative_gates, scan_states
 FACTORISED_LOG_RANGE = 60.0
 
 
-def eager_forward(q, k, v, g, state, scale: float, chunk_size: int):
+def eager_forward(q, k, v, g, state, scale: float, chunk_size: int, b: torch.Tensor | None = None):
     """The forward without a compiler, in the fewest full-size passes, from [B, T, H, D] inputs (T a
     multiple of C): (o [B, T, H, V], final state, the [B, H, N, K, V] states entering each chunk), or None
-    when some chunk's total decay is out of range (then only the cumulative gates were computed).
+    when some chunk's total decay is out of range (then only the cumulative gates b were computed: pass
+    b = cumulative_gates(g, chunk_size) to keep them).
 
     One decay factor per position, exp(b); queries q exp(b), keys k exp(-b) (at most e^RANGE |k|);
     each chunk's update (k exp(-b))^T v scaled by exp(B) after the matmul ([K, V] rows, not [C, K] keys)."""
-    b = cumulative_gates(g, chunk_size)  # [B, H, N, C, K]
+    b = cumulative_gates(g, chunk_size) if b is None else b  # [B, H, N, C, K]
     # b_i >= B (gates <= 0): every chunk's total in range keeps every exp(-b) <= e^RANGE.
     if b[..., -1, :].amin() < -FACTORISED_LOG_RANGE:
         return None

@@ -72,7 +72,7 @@ def gla_step(q, k, v, g, state, scale=None):
 
 def gla_recurrent(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
     """The reference: `gla_step` once per token. Returns (o [B, T, H, V] in q's dtype, final_state or None)."""
-    batch, time, heads, key_dim, value_dim = check_inputs(q, k, v, g, initial_state)
+    batch, _time, heads, key_dim, value_dim = check_inputs(q, k, v, g, initial_state)
     accum = accumulation_dtype(q.dtype)
     if initial_state is None:
         state = torch.zeros(batch, heads, key_dim, value_dim, dtype=accum, device=q.device)

@@ -7,6 +7,8 @@ tensors until the first elementwise op writes a contiguous result.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 # The eager cumulative gate sums rows this many positions apart at once (`cumulative_gates`); a
@@ -95,7 +97,7 @@ def cumulative_gates(g, chunk_size: int, keep_local: bool = False):
         torch.add(previous, g_row, out=row)
     if not keep_local:  # each block plus the last row of the one before, in place: the factorised form's fast path
         blocks = local.unbind(-3)
-        for previous, block in zip(blocks, blocks[1:]):
+        for previous, block in itertools.pairwise(blocks):
             block.add_(previous[..., -1:, :])
         return local.flatten(-3, -2)
     # Each block's carry (the totals of the blocks before it, small) added into a new tensor, local kept.

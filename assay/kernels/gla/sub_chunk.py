@@ -1,69 +1,69 @@
-"""The sub-chunk form of a chunk's scores: every exponent bounded, whatever the gates.
+"""The sub-chunk form of a chunk's scores: every exponent bounded, whatever the gates (fla's two-level idea).
 
 The factorised form (factorised.py) writes a chunk's scores as (q exp(b)) (k exp(-b))^T with b the
 cumulative log gate from the chunk's start; once a chunk's total decay passes e^-60 that product
-overflows. This form cuts the chunk (C tokens, a power of two) into pairs of h-token blocks and
-factorises relative to points inside the chunk:
+overflows. This form cuts the chunk (C tokens, a power of two) into blocks of h tokens and works with
+exponents relative to each block's own start and end, so that every factor between blocks is <= 1:
 
-- each pair (2h tokens) relative to its middle m: queries q_i exp(b_i - b_m), keys k_j exp(b_m - b_j).
-  Exponents >= 0 appear (the first block's queries, the second's keys), bounded by one h-block's total
-  decay; `plan` picks the largest h whose blocks all decay by at most e^half_range (44 in float32: the
-  factors stay in [e^-44, e^44], and a product of two inside one pair, a true decay, >= e^-88). One
-  matmul per pair (all pairs of the chunk at once: the chunk's scores when h = C/2).
-- between pairs, halves of halves: at every level s = C/2, ..., 2h the right half's rows against the
-  left half's columns, relative to the split point m': q_i exp(b_i - b_m') = (pair's queries) times
-  exp(b_m - b_m'), k_j exp(b_m' - b_j) = (pair's keys) times exp(b_m' - b_m): per-pair scales <= 1.
-- the chunk's state: entry q_i exp(b_i) = queries times exp(b at the pair's middle), exit k_j exp(B - b_j)
-  = keys times exp(B - b at the middle), the chunk's decay exp(B); for the block whose pair-local factors
-  exceed 1, in two steps through the pair's start or end.
-So the full-size tensors are built once (two exps' worth of passes), each level costs a few passes of
-per-pair scaling, and the cost depends on the gates only through h. Gates too strong for h = 2 (a state
-wiped in one step) get h = 2 with each step's log gate floored at -half_range / 2 = -22 inside the scores:
-a floored step still passes e^-22 = 3e-10 of a local term that crosses it, below float32's resolution;
-entry, exit and the chunk's decay then come from the unfloored gates, so the floor never leaks history
-through the state.
+- p_i, the log gate summed from the start of i's block through i (a sum inside one block, never the
+  difference of two long sums), and T, each block's total. One exp: E = exp(p) (clamped at -61 for h = 2).
+  Queries Qb = q E (<= |q|): q relative to its block's start.
+- the diagonal h x h blocks (j <= i inside one block, decay exp(p_i - p_j)):
+  h >= 4: Qb (k / E)^T, one batched matmul. `plan` picks the largest h whose blocks all decay by at most
+  e^block_range (60 in float32): k / E <= e^60 |k|, no overflow, no denormal.
+  h = 2 (any gate, e.g. one that wipes the state every step): q_i . k_i on the diagonal and
+  q_{2a+1} . (k_{2a} exp(g_{2a+1})) below it, row-wise dot products with no decay beyond one step.
+- between blocks, halves of halves: at each level s = h, 2h, ..., C/2, the right s-half's rows against the
+  left s-half's columns, relative to the split: rows = Qb exp(A) (A: the totals of the right half's blocks
+  before the row's), columns = keys relative to their block's end times exp(Z) (Z: the totals of the left
+  half's blocks after the column's). Both factors <= 1; one batched matmul per level.
+- the chunk's state: entry q exp(b) = q E exp(P) (P: the totals of the blocks before), exit k exp(B - b)
+  = keys relative to their block's end times exp(the totals after), the chunk's decay exp(B).
+So the full-size work is one exp and a few products whatever the gates; the gates set only h (the number
+of levels, log2(C / h)), never an explicit [C, C, K] decay tensor.
 
-Exponents are sums inside one h-block (from scan.cumulative_gates' 8-token running sums) and, between
-blocks, differences of float64 running sums of block totals: after a cumulative gate of -1000 a step of
--1 keeps its digits.
+Chunks of at most MAX_CHUNK (32) tokens: one level fewer than 64, for twice the state steps.
 
-Denormals: on this project's CPU a matmul whose products fall below float32's smallest normal (e^-87)
-runs 50x slower, and exp of an argument below -87 30x (tests/ops/test_gla.py checks the first never
-happens here). So no exp argument goes below -81; a level's factor (the true decay across its split)
-below e^-2 local_flush = e^-40 is 0, a pair whose nearest token is decayed below e^-local_flush across
-the split is dropped whole, and a state factor below e^-local_flush (e^-state_flush with the floor) is
-0: each drops terms below 2e-9 of what they would add, and keeps every product a normal number or zero.
+Denormals: every exp argument is clamped above -87 (exp's slow path) and every factor tensor built here
+(E, the block scales, the chunk's decay) is a normal number or zero: a level's row scale below e^-25 and
+a column factor below e^-86 (e^-25 for h = 2) are clamped there, which changes terms below e^-25 of
+|q| |k|; entry and exit scales are clamped at e^-86, the chunk's decay below e^-60 is 0. Products inside
+the matmuls can still be denormal for strong gates: free on this project's AMD EPYC (measured), 50x
+slower on the Intel machine the first design was tuned on (docs/gla.md: not measured for this design).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from assay.kernels.gla.scan import CUMSUM_BLOCK, bmm, chunked, compiling, cumulative_gates, reverse_cumulative_gates
+from assay.kernels.gla.scan import CUMSUM_BLOCK, bmm, chunked, compiling
 
-SMALLEST_HALF = 2
+SMALLEST_BLOCK = 2  # the diagonal by row-wise dot products: any gate
+STACK = 16  # the rows of one product at the small levels (`SubChunkParts._span`)
+# The eager form's chunk: 32 tokens, one level fewer than 64 for twice the state steps (measured at 4K,
+# 1 thread: 4 logsigmoid(x) 1.56x -> 1.41x the /16 gate's forward, wiping gates 1.98x -> 1.80x).
+MAX_CHUNK = 32
 
 
 @dataclass(frozen=True)
 class Limits:
-    half_range: float  # an h-block's largest total decay: the pairs' factors stay in [e^-R, e^R]
-    local_flush: float  # a level's scale below e^-this is 0
-    state_floor: float  # exp arguments of the state's factors are floored at -this
-    state_flush: float  # with the floor, a state factor below e^-this is 0
+    block_range: float  # h >= 4: every h-block's total decay >= -this, so k / E <= e^this |k|
+    exp_floor: float  # exp arguments are clamped at -this (exp(-this) is a normal number)
+    state_flush: float  # the chunk's decay below e^-this is 0; with h = 2, p is clamped at -this - 1
 
 
 # float64 (tests' high-precision runs) has the range for far smaller dropped terms.
-LIMITS = {torch.float32: Limits(44.0, 20.0, 80.0, 60.0), torch.float64: Limits(300.0, 150.0, 600.0, 600.0)}
+LIMITS = {torch.float32: Limits(60.0, 86.0, 60.0), torch.float64: Limits(600.0, 700.0, 600.0)}
 
 
 @dataclass(frozen=True)
 class SubChunkPlan:
     chunk: int  # C: tokens per chunk, a power of two
-    half: int  # h: the blocks paired on the diagonal, a power of two from 2 to C/2
-    floor: float | None  # each step's log gate floored at -floor (h = 2 only), or None
+    block: int  # h: tokens per diagonal block, a power of two from 2 to C/2
 
 
 def internal_chunk(chunk_size: int) -> int:
@@ -71,76 +71,65 @@ def internal_chunk(chunk_size: int) -> int:
     return chunk_size & -chunk_size
 
 
-def strongest_plan(chunk_size: int, dtype: torch.dtype) -> SubChunkPlan:
-    """The plan that is safe for any gate (blocks of 2, the floor): what a compiled graph runs."""
-    return SubChunkPlan(internal_chunk(chunk_size), SMALLEST_HALF, LIMITS[dtype].half_range / SMALLEST_HALF)
+def strongest_plan(chunk_size: int) -> SubChunkPlan:
+    """The plan that is safe for any gate (blocks of 2): what a compiled graph runs."""
+    return SubChunkPlan(internal_chunk(chunk_size), SMALLEST_BLOCK)
 
 
-def plan(local: torch.Tensor, chunk: int) -> SubChunkPlan:
-    """The largest h whose blocks all decay by at most e^half_range, from the per-8-token-block running
-    sums `local` [B, H, N, C/8, 8, K] of scan.cumulative_gates (C = chunk, a power of two). Eager only."""
-    limit = LIMITS[local.dtype].half_range
+def plan(b: torch.Tensor, chunk: int) -> SubChunkPlan:
+    """The largest h whose blocks all decay by at most e^block_range, from b [..., C', K], the log gates
+    summed from each chunk's start (scan.cumulative_gates at any C' that `chunk` divides), at a chunk of
+    at most MAX_CHUNK. Eager only: the block totals are differences of b's running sums, good enough to
+    compare with the limit."""
+    limit = LIMITS[b.dtype].block_range
+    chunk = min(chunk, MAX_CHUNK)
     size = chunk // 2
-    while size >= SMALLEST_HALF:
-        if _block_totals(local, size).min() >= -limit:
-            return SubChunkPlan(chunk, size, None)
+    while size > SMALLEST_BLOCK:
+        ends = b[..., size - 1 :: size, :]  # the running sum at each block's end
+        if ends[..., :1, :].amin() >= -limit and (ends[..., 1:, :] - ends[..., :-1, :]).amin() >= -limit:
+            return SubChunkPlan(chunk, size)
         size //= 2
-    return strongest_plan(chunk, local.dtype)
+    return strongest_plan(chunk)
 
 
-def _block_totals(local: torch.Tensor, size: int) -> torch.Tensor:
-    """Totals of blocks of `size` tokens from the 8-token blocks' running sums (approximate below 8: a
-    difference of two running sums; plan only compares them with a limit)."""
-    if size >= CUMSUM_BLOCK:
-        return local[..., -1, :].unflatten(-2, (-1, size // CUMSUM_BLOCK)).sum(-2)
-    ends = local[..., size - 1 :: size, :]  # [B, H, N, C/8, 8/size, K]: the running sum at each block's end
-    return torch.cat([ends[..., :1, :], ends[..., 1:, :] - ends[..., :-1, :]], dim=-2)
+def block_prefix(g_c: torch.Tensor, block: int) -> torch.Tensor:
+    """[..., C, K] -> [..., C/h, h, K] (new, contiguous): g summed from each h-block's start, inclusive.
+    Eager: row adds inside blocks of at most CUMSUM_BLOCK, then each such block plus the one before's last row."""
+    x = g_c.unflatten(-2, (-1, block))
+    if compiling():
+        return x.cumsum(-2)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    step = min(block, CUMSUM_BLOCK)
+    inner, g_inner = out.unflatten(-2, (-1, step)), x.unflatten(-2, (-1, step))
+    rows, g_rows = inner.unbind(-2), g_inner.unbind(-2)
+    rows[0].copy_(g_rows[0])
+    for previous, row, g_row in zip(rows, rows[1:], g_rows[1:]):
+        torch.add(previous, g_row, out=row)
+    parts = inner.unbind(-3)
+    for previous, part in itertools.pairwise(parts):
+        part.add_(previous[..., -1:, :])
+    return out
 
 
-def _prefix(local: torch.Tensor | None, g_c: torch.Tensor, plan: SubChunkPlan) -> torch.Tensor:
-    """Inclusive prefix sums of g inside h-blocks, [B, H, N, C/h, h, K] contiguous, from the 8-token
-    blocks' running sums `local` (consumed) or, with the floor, from the floored gates directly."""
-    half, key_dim = plan.half, g_c.shape[-1]
-    if plan.floor is not None:  # h = 2: [g_0, g_0 + g_1], floored
-        if compiling():
-            floored = g_c.clamp(min=-plan.floor).contiguous()
-        else:
-            floored = torch.clamp(g_c, min=-plan.floor, out=torch.empty(g_c.shape, dtype=g_c.dtype, device=g_c.device))
-        pairs = floored.unflatten(-2, (-1, 2))
-        pairs[..., 1, :] += pairs[..., 0, :]
-        return pairs
-    if half < CUMSUM_BLOCK:  # each sub-block minus the running sum at the end of the one before
-        blocks = local.unflatten(-2, (CUMSUM_BLOCK // half, half))
-        blocks[..., 1:, :, :] -= blocks[..., :-1, -1:, :].clone()
-        return blocks.reshape(*local.shape[:3], -1, half, key_dim)
-    if half > CUMSUM_BLOCK:  # each 8-token block plus the totals of the ones before it inside the h-block
-        per_half = local.unflatten(-3, (-1, half // CUMSUM_BLOCK))  # [B, H, N, C/h, h/8, 8, K]
-        ends = per_half[..., -1:, :]
-        carry = torch.cat([torch.zeros_like(ends[..., :1, :, :]), ends[..., :-1, :, :].cumsum(-3)], dim=-3)
-        per_half += carry
-        return per_half.reshape(*local.shape[:3], -1, half, key_dim)
-    return local
-
-
-def _scale(exponents: torch.Tensor, dtype: torch.dtype, floor: float, drop: torch.Tensor | None = None) -> torch.Tensor:
-    """exp of a small [..., K] tensor of exponents (<= 0, float64) in `dtype`, the argument floored at
-    -floor (exp's slow path starts below -87), and 0 where `drop` (a bool tensor) is set."""
-    scale = exponents.to(dtype, copy=True).clamp_(min=-floor).exp_()
-    return scale if drop is None else scale.masked_fill_(drop, 0.0)
-
-
-def _into_new(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """op(a, b) written into a new contiguous tensor: with one operand a strided view of q or k, the
-    output's layout would otherwise follow that view (and a compiled graph's guess of it may differ)."""
-    if compiling():  # no out= in a graph: its functional form would keep the input's layout after all
-        return op(a, b).contiguous()
-    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
-    return op(a, b, out=out)
-
-
-def _state_factor(exponents: torch.Tensor, flush: float) -> torch.Tensor:
-    """exp of full-size exponents (<= 0, consumed), 0 below e^-flush (normal numbers or zeros only)."""
-    return torch.nn.functional.threshold_(exponents.clamp_(min=-flush - 1.0).exp_(), math.exp(-flush), 0.0)
+def _products(decay: torch.Tensor, chunk: int, block: int, floor: float):
+    """The per-block scales of every level from the blocks' decays exp(T) [M, C/h, K] (each >= e^-floor):
+    yields (size, before, after) for size = h, 2h, ..., C/2 and then (C, before, after, chunk decay), where
+    before / after [M, C/h, K] hold, for each block, the product of the decays of the blocks before / after
+    it inside its size-block (1 for the first / last). Products of numbers <= 1, clamped at e^-floor (no
+    denormals; a product below that is a decay below e^-floor either way); only multiplications, no exp."""
+    tiny = math.exp(-floor)
+    before, after = torch.ones_like(decay), torch.ones_like(decay)
+    spans = decay  # [M, C/size, K]: each size-block's decay
+    size = block
+    while size < chunk:
+        yield size, before, after
+        halves = (decay.shape[0], chunk // (2 * size), 2, size // block, decay.shape[-1])
+        pairs = spans.view(decay.shape[0], -1, 2, decay.shape[-1])
+        before.view(halves)[:, :, 1].mul_(pairs[:, :, :1]).clamp_(min=tiny)
+        after.view(halves)[:, :, 0].mul_(pairs[:, :, 1:]).clamp_(min=tiny)
+        spans = (pairs[:, :, 0] * pairs[:, :, 1]).clamp_(min=tiny)
+        size *= 2
+    yield size, before, after, spans[:, 0]
 
 
 def _block_view(scores: torch.Tensor, size: int, diagonal: bool) -> torch.Tensor:
@@ -154,148 +143,171 @@ def _block_view(scores: torch.Tensor, size: int, diagonal: bool) -> torch.Tensor
     return grid.permute(0, 3, 1, 2)
 
 
+def _stacked(products: torch.Tensor, size: int) -> torch.Tensor:
+    """[P, span, span] -> a view [P, span/size, size, size] of its diagonal blocks of `size`."""
+    span = products.shape[-1]
+    n = span // size
+    return products.view(-1, n, size, n, size).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)
+
+
+def _new(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """op(a, b) in a new contiguous tensor (with a strided view of q or k as an operand, the result's layout
+    would otherwise follow the view's)."""
+    if compiling():
+        return op(a, b).contiguous()
+    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
+    return op(a, b, out=out)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # row-wise dot products over the last dim
+    return torch.linalg.vecdot(a, b)
+
+
 class SubChunkParts:
-    """The per-chunk tensors of the sub-chunk form from q, k, g [B, T, H, K] (T a multiple of plan.chunk)
-    and `local` (scan.cumulative_gates' running sums at plan.chunk, consumed; None with the floor).
+    """The per-chunk tensors of the sub-chunk form from q, k, g [B, T, H, K] (T a multiple of plan.chunk).
 
     scores [B, H, N, C, C] (times scale, 0 above the diagonal), queries_entry / keys_exit [B, H, N, C, K]
     (q exp(b), k exp(B - b)), chunk_decay [B, H, N, K, 1] (exp(B)), and what the backward reuses."""
 
-    def __init__(self, q, k, g, local, plan: SubChunkPlan, scale: float, b: torch.Tensor | None = None):
+    def __init__(self, q, k, g, plan: SubChunkPlan, scale: float):
         self.plan, self.scale = plan, scale
         limits = LIMITS[g.dtype]
-        chunk, half = plan.chunk, plan.half
-        width = 2 * half
-        self.q_c, self.k_c = chunked(q, chunk), chunked(k, chunk)  # [B, H, N, C, K] views
-        self.lead = self.q_c.shape[:3]
-        prefix = _prefix(local, chunked(g, chunk), plan)  # [B, H, N, C/h, h, K]
-        totals = prefix[..., -1, :].clone()  # [B, H, N, C/h, K]: each h-block's total
-        # Relative to each pair's middle: the first block's prefix minus its total (-suffix, >= 0), the
-        # second block's prefix (<= 0). decay = exp of that, in [e^-R, e^R].
-        exponents = prefix.reshape(*self.lead, chunk // width, 2, half, -1)
-        exponents[..., 0, :, :] -= totals.view(*self.lead, chunk // width, 2, 1, -1)[..., 0, :, :]
-        self.decay = exponents.exp_().contiguous()  # [B, H, N, C/2h, 2, h, K]
-        # decay first: the product takes its contiguous layout (q's view is strided)
-        per_pair = (chunk // width, 2, half)
-        self.queries = _into_new(torch.mul, self.decay, self.q_c.unflatten(-2, per_pair))
-        self.keys = _into_new(torch.div, self.k_c.unflatten(-2, per_pair), self.decay)
+        chunk, block = plan.chunk, plan.block
+        self.smallest = block == SMALLEST_BLOCK
+        q_c, k_c, g_c = (chunked(x, chunk) for x in (q, k, g))  # [B, H, N, C, K] views
+        self.q_c, self.k_c = q_c, k_c
+        self.lead, key_dim = q_c.shape[:3], q_c.shape[-1]
+        flat = self.lead.numel()
+        self.blocks = (flat, chunk // block, block, key_dim)  # [M, C/h, h, K], M = B H N
+        # q, k, g as [B, H, N, C/h, h, K] views (no copy); the form's own tensors are contiguous [M, C/h, h, K].
+        self.q_b, self.k_b = (x.unflatten(-2, (-1, block)) for x in (q_c, k_c))
+        floor, tiny = limits.exp_floor, math.exp(-limits.exp_floor)
+        if self.smallest:  # E: exp(g) for the first of a pair, exp(g_first + g_second) for the second
+            pairs = g_c.unflatten(-2, (-1, 2))
+            clamped = pairs.clamp(min=-limits.state_flush - 1.0)
+            if not compiling():  # into a new contiguous tensor (the view's layout would follow g's)
+                clamped = torch.clamp(pairs, min=-limits.state_flush - 1.0, out=torch.empty(pairs.shape, dtype=g.dtype, device=g.device))
+            self.factor = clamped.contiguous().view(self.blocks).exp_()
+            self.step = self.factor[..., 1, :].clone()  # exp(g_{2a+1}): the first's key to the pair's end
+            self.factor[..., 1, :].mul_(self.factor[..., 0, :]).clamp_(min=math.exp(-limits.state_flush - 1.0))
+        else:  # E = exp(p) >= e^-R: the plan bounds every block's total
+            self.factor = block_prefix(g_c, block).view(self.blocks).exp_()
+        decay = self.factor[..., -1, :].clone()  # [M, C/h, K]: exp(T), each block's decay
+        self.queries = _new(torch.mul, self.factor.view(*self.lead, *self.blocks[1:]), self.q_b).view(self.blocks)  # Qb = q E
+        if self.smallest:  # keys relative to their block's end: k_{2a} exp(g_{2a+1}), k_{2a+1}
+            if compiling():
+                self.keys = torch.stack([self.k_b[..., 0, :].reshape(self.step.shape) * self.step, self.k_b[..., 1, :].reshape(self.step.shape)], dim=-2)
+            else:
+                self.keys = torch.empty(self.blocks, dtype=self.factor.dtype, device=self.factor.device)
+                keys = self.keys.view(*self.lead, *self.blocks[1:])
+                torch.mul(self.k_b[..., 0, :], self.step.view(keys[..., 0, :].shape), out=keys[..., 0, :])
+                keys[..., 1, :].copy_(self.k_b[..., 1, :])
+            level_floor = 25.0  # with the keys' and queries' own factors >= e^-61: products >= e^-86
+        else:  # keys relative to their block's start, k / E <= e^R |k| (the diagonal's); times exp(T): to its end
+            self.keys = _new(torch.div, self.k_b, self.factor.view(*self.lead, *self.blocks[1:])).view(self.blocks)
+            level_floor = floor - limits.block_range
+        level_tiny = math.exp(-level_floor)
 
-        # Running sums of whole h-blocks in float64 (small tensors): at each pair's middle, and the total.
-        totals64 = totals.double()
-        running = totals64.cumsum(-2)  # [B, H, N, C/h, K]: through each block
-        self.middles = running[..., 0::2, :]  # [B, H, N, C/2h, K]: b at each pair's middle
-        dtype, flush = totals.dtype, limits.local_flush
-        pair_start, pair_end = self.middles - totals64[..., 0::2, :], running[..., 1::2, :]
+        self.levels = []  # (size, rows, cols, row scale or None, column scale or None), smallest first
+        for size, before, after, *last in _products(decay, chunk, block, floor):
+            if last:
+                break
+            halves = (flat, chunk // (2 * size), 2, size // block, key_dim)
+            q_halves, k_halves = self.queries.view(*halves[:4], block, key_dim), self.keys.view(*halves[:4], block, key_dim)
+            # rows: Qb times the decays of the right half's blocks before theirs; columns: the keys to their
+            # block's end (times exp(T) when they are relative to its start), times those after theirs
+            row_scale = None if size == block else before.view(halves)[:, :, 1].clamp(min=level_tiny).unsqueeze(-2)
+            col_scale = after.view(halves)[:, :, 0]
+            if not self.smallest:
+                col_scale = col_scale * decay.view(halves)[:, :, 0]
+            col_scale = None if self.smallest and size == block else col_scale.clamp(min=level_tiny if self.smallest else tiny).unsqueeze(-2)
+            rows = q_halves[:, :, 1] if row_scale is None else _new(torch.mul, q_halves[:, :, 1], row_scale)
+            cols = k_halves[:, :, 0] if col_scale is None else _new(torch.mul, k_halves[:, :, 0], col_scale)
+            if self._span(size) != size:  # stacked: the views of every other block are copied
+                rows, cols = rows.contiguous(), cols.contiguous()
+            self.levels.append((size, rows, cols, row_scale, col_scale))
 
-        # The chunk's state. Entry q exp(b): the first block's queries (>= 1) go to q exp(prefix) first
-        # (times exp(its total)) and then take exp(b) at the pair's start, the second block's take exp(b)
-        # at the middle; exit k exp(B - b) likewise from the pair's end and middle. Each pair scale is then
-        # <= 1 on a factor <= |q|, |k|; one below e^-flush is 0 (with the pair-local part >= e^-R, every
-        # factor is 0 or >= e^-(flush + R): its products with the state or v are no denormals). That drops
-        # terms decayed by more than e^-20 = 2e-9 since the chunk's start: for a channel whose state holds
-        # the last n tokens at full weight, an error of at most 2e-9 n of one token's term.
-        def state_scale(exponents):  # [B, H, N, C/2h, K] -> [B, H, N, C/2h, 1, K]
-            return _scale(exponents, dtype, flush + 1.0, exponents < -flush).unsqueeze(-2)
-
-        if plan.floor is None:
-            first_total, second_total = (totals[..., i::2, :].exp().unsqueeze(-2) for i in (0, 1))
-            self.entry_scales = (first_total, state_scale(pair_start), state_scale(self.middles))
-            self.exit_scales = (state_scale(running[..., -1:, :] - self.middles), second_total, state_scale(running[..., -1:, :] - pair_end))
-            self.queries_entry = self._to_state(self.queries, self.entry_scales, first=True).reshape(*self.lead, chunk, -1)
-            self.keys_exit = self._to_state(self.keys, self.exit_scales, first=False).reshape(*self.lead, chunk, -1)
-            total = running[..., -1, :]
-            self.chunk_decay = _scale(total, dtype, flush + 1.0, total < -flush).unsqueeze(-1)  # [B, H, N, K, 1]
-        else:
-            # A floored step must not leak the history through the state (nor pass the initial state's
-            # gradient): entry, exit and the chunk's decay from the unfloored gates, 0 below e^-state_flush.
-            b = cumulative_gates(g, chunk) if b is None else b  # [B, H, N, C, K]: from the chunk's start
-            after = reverse_cumulative_gates(g, chunk)  # B - b: from after each position to the chunk's end
-            self.entry_factor, self.exit_factor = (_state_factor(x, limits.state_flush) for x in (b, after))
-            self.queries_entry = _into_new(torch.mul, self.entry_factor, self.q_c)
-            self.keys_exit = _into_new(torch.mul, self.exit_factor, self.k_c)
-            self.chunk_decay = self.entry_factor[..., -1, :].unsqueeze(-1).clone()
-
-        # A level's pair is dropped when even its nearest token is decayed below e^-flush across the split
-        # (its first token for rows, its last for columns); a kept pair's factors are >= e^-(flush + 2R).
-        self.tiny = math.exp(-2 * flush)
-        q_pairs, k_pairs = self.q_c.unflatten(-2, per_pair), self.k_c.unflatten(-2, per_pair)
-        self.levels = []  # (size, rows, cols, row factors, column factors), largest first
-        size = chunk // 2
-        while size >= width:
-            pairs = self._halves(self.middles.unsqueeze(-2), size)  # [B, H, N, n, 2, m, 1, K]
-            split = self._halves(pair_end.unsqueeze(-2), size)[..., 0, -1:, :, :]  # b at the split: [B, H, N, n, 1, 1, K]
-            row_drop = self._halves(pair_start.unsqueeze(-2), size)[..., 1, :, :, :] - split < -flush
-            col_drop = split - self._halves(pair_end.unsqueeze(-2), size)[..., 0, :, :, :] < -flush
-            row_scale = _scale(pairs[..., 1, :, :, :] - split, dtype, limits.state_floor, row_drop).unsqueeze(-2)
-            col_scale = _scale(split - pairs[..., 0, :, :, :], dtype, limits.state_floor, col_drop).unsqueeze(-2)
-            # Each factor is 0 or >= e^-2 flush, so that no product of a row and a column is a denormal:
-            # exp(b_i - b_split) and exp(b_split - b_j), below e^-2 flush set to 0 (terms below 4e-18).
-            row_factor = torch.threshold(torch.mul(self._halves(self.decay, size)[..., 1, :, :, :, :], row_scale), self.tiny, 0.0)
-            col_factor = torch.threshold(torch.div(col_scale, self._halves(self.decay, size)[..., 0, :, :, :, :]), self.tiny, 0.0)
-            rows = _into_new(torch.mul, row_factor, self._halves(q_pairs, size)[..., 1, :, :, :, :])  # [B, H, N, n, m, 2, h, K]
-            cols = _into_new(torch.mul, col_factor, self._halves(k_pairs, size)[..., 0, :, :, :, :])
-            self.levels.append((size, rows, cols, row_factor, col_factor))
-            size //= 2
+        # The state: entry factor E exp(P), 0 below e^-86 (P: the blocks before in the chunk), exit keys times
+        # the decays of the blocks after, the chunk's decay exp(B) (0 below e^-state_flush).
+        total = last[0]
+        self.before = before.unsqueeze(-2)  # [M, C/h, 1, K]: q exp(b) = Qb times this
+        exit_scale = after if self.smallest else after * decay
+        self.exit_scale = exit_scale.clamp_(min=level_tiny if self.smallest else tiny).unsqueeze(-2)  # [M, C/h, 1, K]
+        full = (*self.lead, chunk, key_dim)
+        self.queries_entry = (self.queries * self.before).view(full)
+        self.keys_exit = (self.keys * self.exit_scale).view(full)
+        decay = torch.nn.functional.threshold(total, math.exp(-limits.state_flush), 0.0)
+        self.chunk_decay = decay.view(*self.lead, key_dim, 1)
         self.scores = self._assemble()
 
-    @staticmethod
-    def _to_state(x: torch.Tensor, scales, first: bool) -> torch.Tensor:
-        """queries (first) or keys [B, H, N, C/2h, 2, h, K] times their state scales, in two steps on the
-        block whose pair-local factors exceed 1 (the first block's queries, the second's keys)."""
-        two_step, one_step = (0, 1) if first else (1, 0)
-        local, far = (scales[0], scales[1]) if first else (scales[1], scales[2])
-        near = scales[2] if first else scales[0]
-        if compiling():
-            halves = [x[..., two_step, :, :] * local * far, x[..., one_step, :, :] * near]
-            return torch.stack(halves if first else halves[::-1], dim=-3)
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        torch.mul(x[..., two_step, :, :], local, out=out[..., two_step, :, :]).mul_(far)
-        torch.mul(x[..., one_step, :, :], near, out=out[..., one_step, :, :])
-        return out
-
-    def _halves(self, x: torch.Tensor, size: int) -> torch.Tensor:
-        """[B, H, N, C/2h, ...] -> a view [B, H, N, C/(2 size), 2, size/2h, ...]: each 2 size-block's halves."""
-        return x.view(*self.lead, -1, 2, size // (2 * self.plan.half), *x.shape[4:])
-
     def _assemble(self) -> torch.Tensor:
-        chunk, width, key_dim = self.plan.chunk, 2 * self.plan.half, self.q_c.shape[-1]
-        diagonal = bmm(self.queries.reshape(-1, width, key_dim), self.keys.reshape(-1, width, key_dim).transpose(-1, -2), alpha=self.scale).tril_()
-        if width == chunk:  # one pair per chunk: its scores are the chunk's
-            return diagonal.reshape(*self.lead, chunk, chunk)
-        flat = self.lead.numel()
-        scores = torch.zeros(flat, chunk, chunk, dtype=diagonal.dtype, device=diagonal.device)
-        _block_view(scores, width, diagonal=True).copy_(diagonal.reshape(flat, -1, width, width))
+        chunk, block = self.plan.chunk, self.plan.block
+        flat, key_dim = self.blocks[0], self.blocks[-1]
+        scores = self.queries.new_zeros(flat, chunk, chunk)
+        if self.smallest:
+            # q_i . k_i on the diagonal, q_{2a+1} . (k_{2a} exp(g_{2a+1})) below it
+            scores.diagonal(dim1=-2, dim2=-1).copy_(_dot(self.q_b, self.k_b).view(flat, chunk).mul_(self.scale))
+            below = scores.view(flat, chunk // 2, 2, chunk // 2, 2).diagonal(dim1=1, dim2=3)[:, 1, 0]  # [M, C/2]
+            below.copy_(_dot(self.q_b[..., 1, :], self.keys.view(*self.lead, *self.blocks[1:])[..., 0, :]).view(flat, -1).mul_(self.scale))
+        else:
+            diagonal = bmm(self.queries.view(-1, block, key_dim), self.keys.view(-1, block, key_dim).transpose(-1, -2), alpha=self.scale).tril_()
+            _block_view(scores, block, diagonal=True).copy_(diagonal.view(flat, -1, block, block))
         for size, rows, cols, _, _ in self.levels:
-            products = bmm(rows.reshape(-1, size, key_dim), cols.reshape(-1, size, key_dim).transpose(-1, -2), alpha=self.scale)
-            _block_view(scores, size, diagonal=False).copy_(products.reshape(flat, -1, size, size))
+            span = self._span(size)
+            products = bmm(rows.reshape(-1, span, key_dim), cols.reshape(-1, span, key_dim).transpose(-1, -2), alpha=self.scale)
+            _block_view(scores, size, diagonal=False).unflatten(1, (-1, span // size)).copy_(_stacked(products, size).unflatten(0, (flat, -1)))
         return scores.view(*self.lead, chunk, chunk)
+
+    def _span(self, size: int) -> int:
+        """Rows per product of a level: small levels' pairs are stacked STACK at a time into one product
+        (its diagonal blocks are the pairs' products): a batched 2 x 2 matmul costs more than a 16 x 16 here."""
+        return max(size, min(STACK, self.plan.chunk // 2))
 
     def query_key_grads(self, grad_scores, do, states_before, v_c, grad_after, scale):
         """(grad_q, grad_k) [B, H, N, C, K] from grad_scores [B, H, N, C, C] (do v^T, lower triangle),
-        do [B, H, N, C, V], the entry states, v and the exit states' gradients [B, H, N, K, V].
-
-        Collected in the queries' and keys' units (grad_q = A decay, grad_k = B / decay), each term
-        first multiplied by its per-pair scale."""
-        chunk, width, key_dim = self.plan.chunk, 2 * self.plan.half, self.q_c.shape[-1]
-        shape = self.decay.shape
-        entry = bmm(do, states_before.transpose(-1, -2), alpha=scale).reshape(shape)  # through q exp(b)
-        grad_queries = self._to_state(entry, self.entry_scales, first=True) if self.plan.floor is None else torch.zeros(shape, dtype=entry.dtype, device=entry.device)
-        exit_ = bmm(v_c, grad_after.transpose(-1, -2)).reshape(shape)  # through k exp(B - b)
-        grad_keys = self._to_state(exit_, self.exit_scales, first=False) if self.plan.floor is None else torch.zeros(shape, dtype=exit_.dtype, device=exit_.device)
-        grads = grad_scores.reshape(-1, chunk, chunk)
-        if width < chunk:
-            grads = _block_view(grads, width, diagonal=True)
-        grads = grads.reshape(-1, width, width)
-        grad_queries.view(-1, width, key_dim).baddbmm_(grads, self.keys.view(-1, width, key_dim), alpha=scale)
-        grad_keys.view(-1, width, key_dim).baddbmm_(grads.transpose(-1, -2), self.queries.view(-1, width, key_dim), alpha=scale)
-        grad_q, grad_k = grad_queries.mul_(self.decay), grad_keys.div_(self.decay)  # q's and k's own units from here
-        if self.plan.floor is not None:  # the state's factors in q's and k's own units
-            grad_q.view(*self.lead, chunk, key_dim).addcmul_(entry.view(*self.lead, chunk, key_dim), self.entry_factor)
-            grad_k.view(*self.lead, chunk, key_dim).addcmul_(exit_.view(*self.lead, chunk, key_dim), self.exit_factor)
-        for size, rows, cols, row_factor, col_factor in self.levels:
-            grads = _block_view(grad_scores.reshape(-1, chunk, chunk), size, diagonal=False).reshape(-1, size, size)
-            grad_rows = bmm(grads, cols.reshape(-1, size, key_dim), alpha=scale).reshape(rows.shape)
-            grad_cols = bmm(grads.transpose(-1, -2), rows.reshape(-1, size, key_dim), alpha=scale).reshape(cols.shape)
-            self._halves(grad_q, size)[..., 1, :, :, :, :].addcmul_(grad_rows, row_factor)
-            self._halves(grad_k, size)[..., 0, :, :, :, :].addcmul_(grad_cols, col_factor)
-        return grad_q.reshape(*self.lead, chunk, key_dim), grad_k.reshape(*self.lead, chunk, key_dim)
+        do [B, H, N, C, V], the entry states, v and the exit states' gradients [B, H, N, K, V]: collected in
+        the units of Qb and of the keys, each level's part times its scale, then in q's and k's own units."""
+        chunk, block = self.plan.chunk, self.plan.block
+        flat, key_dim = self.blocks[0], self.blocks[-1]
+        grads = grad_scores.reshape(flat, chunk, chunk)
+        if self.smallest:  # the row-wise products: the diagonal in q's and k's units, below it in the keys'
+            diagonal = grads.diagonal(dim1=-2, dim2=-1).reshape(*self.lead, *self.blocks[1:3], 1) * scale
+            below = grads.view(flat, chunk // 2, 2, chunk // 2, 2).diagonal(dim1=1, dim2=3)[:, 1, 0].reshape(*self.blocks[:2], 1) * scale
+            grad_queries = torch.zeros(self.blocks, dtype=grads.dtype, device=grads.device)
+            grad_keys = torch.zeros_like(grad_queries)
+            grad_keys.view(*self.lead, *self.blocks[1:])[..., 0, :].addcmul_(below.view(*self.lead, -1, 1), self.q_b[..., 1, :])
+        else:
+            on_diagonal = _block_view(grads, block, diagonal=True).reshape(-1, block, block)
+            grad_queries = bmm(on_diagonal, self.keys.view(-1, block, key_dim), alpha=scale).view(self.blocks)
+            grad_keys = bmm(on_diagonal.transpose(-1, -2), self.queries.view(-1, block, key_dim), alpha=scale).view(self.blocks)
+        for size, rows, cols, row_scale, col_scale in self.levels:
+            span = self._span(size)
+            level = _block_view(grads, size, diagonal=False)  # [M, C/2s, s, s]
+            if span == size:
+                level = level.reshape(-1, size, size)
+            else:  # the pairs' gradients on the diagonal of one product per `span` rows
+                stacked = grads.new_zeros(flat * chunk // (2 * span), span, span)
+                _stacked(stacked, size).copy_(level.unflatten(1, (-1, span // size)).flatten(0, 1))
+                level = stacked
+            grad_rows = bmm(level, cols.reshape(-1, span, key_dim), alpha=scale).view(cols.shape)
+            grad_cols = bmm(level.transpose(-1, -2), rows.reshape(-1, span, key_dim), alpha=scale).view(cols.shape)
+            halves = (flat, chunk // (2 * size), 2, size // block, block, key_dim)
+            into_rows, into_cols = grad_queries.view(halves)[:, :, 1], grad_keys.view(halves)[:, :, 0]
+            into_rows.add_(grad_rows) if row_scale is None else into_rows.addcmul_(grad_rows, row_scale)
+            into_cols.add_(grad_cols) if col_scale is None else into_cols.addcmul_(grad_cols, col_scale)
+        # through the exit keys (the keys times their exit scale) and the entry queries (q times its factor)
+        exit_ = bmm(v_c, grad_after.transpose(-1, -2)).view(self.blocks)  # [M, C/h, h, K]
+        grad_keys.addcmul_(exit_, self.exit_scale)
+        entry = bmm(do, states_before.transpose(-1, -2), alpha=scale).view(self.blocks)
+        grad_q = grad_queries.addcmul_(entry, self.before).mul_(self.factor).view(*self.lead, *self.blocks[1:])
+        if self.smallest:
+            grad_k = grad_keys
+            grad_k[..., 0, :].mul_(self.step)
+            grad_k = grad_k.view(*self.lead, *self.blocks[1:])
+            grad_q[..., 1, :].addcmul_(below.view(*self.lead, -1, 1), self.keys.view(*self.lead, *self.blocks[1:])[..., 0, :])
+            grad_q.addcmul_(diagonal, self.k_b)
+            grad_k.addcmul_(diagonal, self.q_b)
+        else:
+            grad_k = grad_keys.div_(self.factor)
+        full = (*self.lead, chunk, key_dim)
+        return grad_q.reshape(full), grad_k.reshape(full)
