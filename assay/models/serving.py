@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 # The "transformer of the same size" is compared in bfloat16, the dtype such caches are served in.
 KV_REFERENCE_DTYPE = torch.bfloat16
+LIVE_GRAIN = 128  # positions: an eager KV decode's view of the pool grows in steps of this
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,11 @@ class ModelAdapter(ABC):
         """The longest sequence the loaded model can hold (its rotary table), None when unbounded."""
         return None
 
+    def live_buffers(self, buffers: list[torch.Tensor], positions: int) -> list[torch.Tensor]:
+        """Views of the pool an uncompiled decode needs when no slot holds more than `positions` positions:
+        the pool itself here (a fixed state has no positions to leave out)."""
+        return buffers
+
 
 class StateAdapter(ModelAdapter):
     """A fixed-state model with init_state-free prefill(tokens) -> (logits, state) and decode_step(tokens, state)."""
@@ -183,6 +189,15 @@ class KVCacheAdapter(ModelAdapter):
         # One pass over the padded batch (KVCacheDecodingMixin.prefill_batch): one attention call per layer.
         return self.model.prefill_batch(tokens, self._kv_cache(buffers), slot_ids, lengths=lengths,
                                         start_positions=start_positions, all_logits=all_logits)
+
+    def live_buffers(self, buffers, positions):
+        # A decode gathers its rows' whole [L, Hkv, D] k and v in every layer: at L = 2,064 and 16 rows that is
+        # 1.5 GB copied per step for SmolLM2, most of it positions no row holds yet. While no row has passed
+        # `positions`, a ring has not wrapped and the first `positions` entries are all a row can see, so a
+        # view of them (rounded up to LIVE_GRAIN: few distinct shapes) decodes to the same logits. Eager only:
+        # a compiled decode would recompile at each new length.
+        live = min(-(-positions // LIVE_GRAIN) * LIVE_GRAIN, max(buffer.shape[1] for buffer in buffers))
+        return [buffer[:, :live] if buffer.shape[1] > live else buffer for buffer in buffers]
 
     def decode(self, tokens, slot_ids, positions, buffers):
         # tokens: [W, 1]; slot_ids, positions: [W] -> logits [W, vocab]; each row's k/v written at its position

@@ -242,7 +242,10 @@ class Engine(BatchPrefill):
         reference_rows = None
         if self._stats.eager_check is not None:
             reference_rows = [buffer.index_select(0, slot_ids).clone() for buffer in self.pool.buffers]
-        logits, compiled, compile_s, step_s = self._decoder.timed(tokens, slot_ids, positions, self.pool.buffers)
+        buffers = self.pool.buffers
+        if self.config.eager:  # only the positions the rows hold (a compiled step keeps the pool's one shape)
+            buffers = self.adapter.live_buffers(buffers, max(r.next_position for r in running) + 1)
+        logits, compiled, compile_s, step_s = self._decoder.timed(tokens, slot_ids, positions, buffers)
         self._step_count += 1
         with self._lock:
             self._stats.add_step(StepRecord(self._step_count, width, len(running), compiled, compile_s, step_s))
