@@ -268,6 +268,21 @@ def plot(payload: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def prepare(args, name: str) -> Path:
+    """The settings both serving benches share: torch threads (2, or 1 with --quick), quiet libraries, the
+    model (the cached SmolLM2 unless --model); returns the JSON path (bench/results/NAME[_quick].json)."""
+    args.threads = args.threads or (1 if args.quick else 2)
+    torch.set_num_threads(args.threads)
+    from assay.core.cli import quiet_libraries
+
+    quiet_libraries()
+    if args.model is None:
+        from assay.zoo.real import cached_smollm2
+
+        args.model = str(cached_smollm2())
+    return args.out or RESULTS / (f"{name}_quick.json" if args.quick else f"{name}.json")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a converted SmolLM2 folder (default: the user cache, converted once)")
@@ -289,16 +304,7 @@ def main() -> None:
     args.dtypes = args.dtypes.split(",")
     if args.quick:
         args.widths, args.prompt_tokens, args.max_tokens, args.rounds, args.profiles = [1, 2], 16, 4, 1, 1
-    out = args.out or RESULTS / ("serve_speed_quick.json" if args.quick else "serve_speed.json")
-    args.threads = args.threads or (1 if args.quick else 2)
-    torch.set_num_threads(args.threads)
-    from assay.core.cli import quiet_libraries
-
-    quiet_libraries()
-    if args.model is None:
-        from assay.zoo.real import cached_smollm2
-
-        args.model = str(cached_smollm2())
+    out = prepare(args, "serve_speed")
     payload = run(args)
     atomic_write_json(out, payload)
     plot(payload, out.with_suffix(".png"))

@@ -30,7 +30,6 @@ from assay.core.files import atomic_write_json
 from assay.core.metrics import new_figure, percentile, save_figure
 from assay.core.output import print_table
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_RATIO = 3.0
 QUANTILES = (50, 90, 99)
 
@@ -197,16 +196,9 @@ def main() -> None:
     if args.quick:
         args.requests, args.short_tokens, args.long_tokens, args.max_tokens, args.rounds = 6, 32, 512, 4, 1
         args.short_rate, args.long_rate, args.max_seqs, args.max_prefill_tokens = 2.0, 0.5, 4, 128
-    out = args.out or RESULTS / ("serve_ttft_quick.json" if args.quick else "serve_ttft.json")
-    args.threads = args.threads or (1 if args.quick else 2)
-    torch.set_num_threads(args.threads)
-    from assay.core.cli import quiet_libraries
+    from serve_speed import prepare  # bench/ is the script's folder, so on sys.path
 
-    quiet_libraries()
-    if args.model is None:
-        from assay.zoo.real import cached_smollm2
-
-        args.model = str(cached_smollm2())
+    out = prepare(args, "serve_ttft")
     payload = run(args)
     atomic_write_json(out, payload)
     plot(payload, out.with_suffix(".png"))
