@@ -296,13 +296,8 @@ def test_every_gate_strength_in_bfloat16_matches_recurrent_with_gradients(streng
         assert_close("recurrence", grad, grad_ref, torch.bfloat16)
 
 
-def test_the_sub_chunk_form_matches_recurrent_on_the_models_gates(monkeypatch):
-    # Forced on every chunk (no chunk counts as in range), the sub-chunk form on the gates the factorised
-    # form would take: the two forms agree wherever both apply.
-    monkeypatch.setattr(factorised, "FACTORISED_LOG_RANGE", 0.0)
-    inputs = make_inputs(2 * 64 + 37, 1.0)
-    inputs[3] = gate("/16", inputs[3].shape)
-    assert isinstance(form_of(F.pad(inputs[3], (0, 0, 0, 0, 0, 27)), 64), SubChunkPlan)
+def _assert_chunk_matches_recurrent(inputs) -> None:
+    """gla_chunk (chunks of 64, float32) against float64 gla_recurrent: output, final state and every gradient."""
     generator = torch.Generator().manual_seed(1)
     grad_o = torch.randn(2, inputs[0].shape[1], HEADS, VALUE_DIM, generator=generator, dtype=torch.float64)
     grad_state = torch.randn(2, HEADS, KEY_DIM, VALUE_DIM, generator=generator, dtype=torch.float64)
@@ -312,6 +307,16 @@ def test_the_sub_chunk_form_matches_recurrent_on_the_models_gates(monkeypatch):
     assert_close("recurrence", state, state_ref, torch.float32)
     for grad, grad_ref in zip(_gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=64), _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)):
         assert_close("recurrence", grad, grad_ref, torch.float32)
+
+
+def test_the_sub_chunk_form_matches_recurrent_on_the_models_gates(monkeypatch):
+    # Forced on every chunk (no chunk counts as in range), the sub-chunk form on the gates the factorised
+    # form would take: the two forms agree wherever both apply.
+    monkeypatch.setattr(factorised, "FACTORISED_LOG_RANGE", 0.0)
+    inputs = make_inputs(2 * 64 + 37, 1.0)
+    inputs[3] = gate("/16", inputs[3].shape)
+    assert isinstance(form_of(F.pad(inputs[3], (0, 0, 0, 0, 0, 27)), 64), SubChunkPlan)
+    _assert_chunk_matches_recurrent(inputs)
 
 
 @pytest.mark.parametrize("block", [2, 4, 16])
@@ -323,15 +328,7 @@ def test_each_block_size_matches_recurrent_on_the_models_gates(monkeypatch, bloc
     inputs = make_inputs(2 * 64 + 37, 1.0)
     inputs[3] = gate("/16", inputs[3].shape)
     assert form_of(F.pad(inputs[3], (0, 0, 0, 0, 0, 27)), 64) == SubChunkPlan(MAX_SUB_CHUNK, block)
-    generator = torch.Generator().manual_seed(1)
-    grad_o = torch.randn(2, inputs[0].shape[1], HEADS, VALUE_DIM, generator=generator, dtype=torch.float64)
-    grad_state = torch.randn(2, HEADS, KEY_DIM, VALUE_DIM, generator=generator, dtype=torch.float64)
-    o, state = gla_chunk(*inputs[:4], initial_state=inputs[4], output_final_state=True, chunk_size=64)
-    o_ref, state_ref = gla_recurrent(*as_float64(inputs[:4]), initial_state=inputs[4].double(), output_final_state=True)
-    assert_close("recurrence", o, o_ref, torch.float32)
-    assert_close("recurrence", state, state_ref, torch.float32)
-    for grad, grad_ref in zip(_gradients(gla_chunk, inputs, grad_o, grad_state, chunk_size=64), _gradients(gla_recurrent, as_float64(inputs), grad_o, grad_state)):
-        assert_close("recurrence", grad, grad_ref, torch.float32)
+    _assert_chunk_matches_recurrent(inputs)
 
 
 @pytest.mark.parametrize("strength", ["1x", "4x", "wipe"])
