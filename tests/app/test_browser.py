@@ -158,8 +158,15 @@ def test_pasting_or_cutting_the_search_text_filters_like_typing_it(served_app, p
 def _cell_style(page, table: str, text: str) -> str:
     # role=gridcell: the grid a user sees (Gradio also keeps a hidden <table> to measure column widths).
     cell = page.locator(f"#{table} [role=gridcell]").filter(has=page.get_by_text(text, exact=True)).first
-    cell.wait_for(state="attached", timeout=TIMEOUT_MS)
-    return cell.evaluate("el => getComputedStyle(el).backgroundColor")
+    # Gradio re-renders the grid after a view change: a cell found just before it is swapped out is detached,
+    # and a detached element's computed style is empty. Read again until the cell read is in the document.
+    for _ in range(80):
+        cell.wait_for(state="attached", timeout=TIMEOUT_MS)
+        colour = cell.evaluate("el => el.isConnected ? getComputedStyle(el).backgroundColor : ''")
+        if colour:
+            return colour
+        page.wait_for_timeout(250)
+    raise AssertionError(f"no cell of #{table} showing {text!r} stayed in the document long enough to read its colour")
 
 
 @pytest.mark.slow
