@@ -5,12 +5,14 @@ all share the session's one conversion (conftest.real_model_dir)."""
 import hashlib
 import json
 import random
+import shutil
 
 import pytest
 import torch
 
 from assay.compat.judge import SMOLLM2_Q4_1_SHA256, default_judge, judge_text
 from assay.compat.probe import ProbeRequest, probe
+from assay.compat.eval_tasks import TASKS_DIR
 from assay.core.numerics import tolerance
 from assay.zoo.corpus import corpus_split
 from assay.zoo.real import smollm2_gguf_path, source_record
@@ -49,17 +51,34 @@ def test_zoo_real_writes_the_same_folder_again_with_progress_and_a_summary(real_
         assert _sha256(tmp_path / "smollm2" / name) == _sha256(real_model_dir / name), name
 
 
+# The embedded tasks' first items: every item costs a compiled and an eager forward of 135M parameters, and
+# the README's run scores all 200 (one answer per item, the same claim). The copies run as a user's own tasks.
+EVAL_ITEMS = 30
+
+
+def _task_heads(folder) -> tuple[str, ...]:
+    shutil.copy(TASKS_DIR / "data.py", folder / "data.py")
+    paths = []
+    for name in ("assay_cloze", "assay_next_sentence"):
+        lines = (TASKS_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()[:EVAL_ITEMS]
+        (folder / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        spec = (TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8")
+        (folder / f"{name}_head.yaml").write_text(spec.replace(f"task: {name}\n", f"task: {name}_head\n"), encoding="utf-8")
+        paths.append(str(folder / f"{name}_head.yaml"))
+    return tuple(paths)
+
+
 @pytest.mark.inductor
-def test_converted_model_passes_the_probe_under_inductor_and_scores_the_tasks_as_the_reference(real_model_dir):
+def test_converted_model_passes_the_probe_under_inductor_and_scores_the_tasks_as_the_reference(real_model_dir, tmp_path):
     row = probe(ProbeRequest(str(real_model_dir), backend="inductor", new_tokens=8, reference_cache=None,
-                             eval_tasks=("assay_cloze", "assay_next_sentence")))
+                             eval_tasks=_task_heads(tmp_path)))
     assert row["task"] == "text-generation" and row["architecture"] == "LlamaForCausalLM"
     assert row["status"] == "PASS", (row["reason"], row["error"])
     assert row["graphs"] >= 1
-    # --eval: the compiled model answers every item of both embedded tasks as the CPU eager reference does.
+    # --eval: the compiled model answers every item scored as the CPU eager reference does.
     assert row["eval_status"] == "AGREE", (row["eval_reason"], row["eval_error"])
     assert row["eval_agreement"] == [1.0, 1.0] and row["eval_disagreements"] == []
-    assert row["eval_accuracy"] == row["eval_reference_accuracy"] and row["eval_items"] == [100, 100]
+    assert row["eval_accuracy"] == row["eval_reference_accuracy"] and row["eval_items"] == [EVAL_ITEMS, EVAL_ITEMS]
     assert row["eval_accuracy"][0] > 0.5 and row["eval_accuracy"][1] > 0.4  # a real model: far above chance (0.25)
     # Log-likelihoods of these items are at most 150 nats (the reference's largest: 149.2, a whole candidate sentence): the
     # compiled-vs-eager float32 tolerance of them. Measured: 1.1e-5 and 6.9e-5 nats (README).
