@@ -173,6 +173,21 @@ def test_probe_and_sweep_reject_before_creating_out(inputs, tmp_path, args, frag
     assert_bad_input(inputs, tmp_path, args, fragment)
 
 
+@pytest.mark.parametrize("args", [["probe", "{tmp}/nowhere", "--out", "{tmp}/results"],
+                                  ["probe", "{qwen3}", "--dtype", "float8", "--out", "{tmp}/results"],
+                                  ["sweep", "{qwen3}", "{tmp}/nowhere", "--out", "{tmp}/results"],
+                                  ["sweep", "{qwen3}", "--executor", "bogus", "--out", "{tmp}/results"]], ids=" ".join)
+def test_probe_and_sweep_refuse_a_bad_path_or_name_before_importing_torch(inputs, tmp_path, args):
+    # A wrong path or name is answered at once, not after the 2-4 s of importing torch and dynamo:
+    # PYTHONPROFILEIMPORTTIME (python -X importtime) lists every module the process imported on stderr.
+    filled = [a.format(tmp=tmp_path, qwen3=inputs["qwen3"]) for a in args]
+    result = run_assay(*filled, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "assay.cli" in imported and "torch" not in imported and "transformers" not in imported
+    assert [line for line in result.stderr.splitlines() if not line.startswith("import time:")][0].startswith("error: ")
+
+
 # ------------------------------------------------------------------ 5. values out of range
 
 

@@ -120,14 +120,18 @@ def probe_command(
     positive("--memory-limit-gb", memory_limit_gb)
     positive("--triage-budget", triage_budget)
     evals = eval_setting(eval_tasks)
-    quiet_libraries()
-    from assay.compat.probe import ProbeRequest, probe_and_record
-    from assay.core.output import STATUS_STYLES, print_json, print_table
+    from assay.compat.request import ProbeRequest
+    from assay.compat.request_checks import check_probe_request
 
     limit = _gib(memory_limit_gb)
     request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism,
                            reference_cache=reference_cache_setting(reference_cache, no_reference_cache), reference_dtype=reference_dtype,
                            eval_tasks=evals)
+    check_probe_request(request)  # paths, names and numbers: before torch is imported
+    quiet_libraries()
+    from assay.compat.probe import probe_and_record
+    from assay.core.output import STATUS_STYLES, print_json, print_table
+
     row = probe_and_record(request, out, timeout=timeout, memory_limit_bytes=limit)
     from assay.compat.triage import TRIAGED, triage_row
 
@@ -240,11 +244,9 @@ def sweep_command(
     positive("--memory-limit-gb", memory_limit_gb)
     positive("--device-memory-gb", device_memory_gb)
     evals = eval_setting(eval_tasks)
-    quiet_libraries()
     from assay.compat.models_list import collect_models, parse_shard, shard_models
-    from assay.compat.probe import ProbeRequest
-    from assay.compat.sweep import SweepRequest, check_sweep_request, is_failure, phase_summary, run_sweep
-    from assay.core.output import STATUS_STYLES, print_json, print_table
+    from assay.compat.request import ProbeRequest, SweepRequest
+    from assay.compat.request_checks import check_sweep_request
 
     chosen = shard_models(collect_models(models or [], str(zoo) if zoo else None, str(list_file) if list_file else None), parse_shard(shard))
     request = SweepRequest(
@@ -256,7 +258,11 @@ def sweep_command(
         device_memory_bytes=_gib(device_memory_gb), progress=not json_out,
         fresh_interpreter=fresh_interpreter,
     )
-    check_sweep_request(request)  # every flag, before the zygote, the progress display or --out
+    check_sweep_request(request)  # every flag and model, before torch, the zygote, the progress display or --out
+    quiet_libraries()
+    from assay.compat.sweep import is_failure, phase_summary, run_sweep
+    from assay.core.output import STATUS_STYLES, print_json, print_table
+
     outcome = run_sweep(request)
     if json_out:
         print_json({"rows": [{k: v for k, v in r.items() if k not in ("run_py", "versions")} for r in outcome.rows],

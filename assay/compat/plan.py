@@ -8,8 +8,9 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from assay import __version__
-from assay.compat.request import DTYPES, ModelRef, ProbePlan, ProbeRequest
-from assay.compat.resolve import infer_task, resolve_model
+from assay.compat.request import ModelRef, ProbePlan, ProbeRequest
+from assay.compat.request_checks import check_probe_request
+from assay.compat.resolve import infer_task
 from assay.compat.runpy import render_run_py
 from assay.compat.schema import SCHEMA_VERSION, empty_row
 from assay.core.device import resolve_backend, resolve_device
@@ -20,21 +21,11 @@ from assay.models.auto import model_code_for
 
 def plan_probe(request: ProbeRequest) -> ProbePlan:
     """Check the request (bad input raises AssayError) and lay out its row, before any model work."""
-    if request.dtype not in DTYPES:
-        raise AssayError(f"unknown dtype {request.dtype!r} (choose from {', '.join(DTYPES)})")
-    if request.new_tokens < 1:
-        raise AssayError("--new-tokens must be at least 1")
-    if request.reference_dtype not in (None, request.dtype, "float64"):
-        raise AssayError(f"--reference-dtype {request.reference_dtype!r}: the reference runs in the probe's dtype or in float64")
+    ref = check_probe_request(request)
     device = resolve_device(request.device)
     backend = resolve_backend(request.backend)
-    ref = resolve_model(request.model)
     task = infer_task(ref, request.task)
     stack = collect_stack(device.type, backend)
-    if request.devices < 1:
-        raise AssayError("--devices must be at least 1")
-    if request.parallelism not in ("auto", "tensor", "expert"):
-        raise AssayError(f"unknown parallelism {request.parallelism!r} (auto, tensor or expert)")
     parallelism = "single" if request.devices == 1 else sharding_plan(ref, request.parallelism)
     if request.devices > 1 and not request.judge and not request.reference:
         # The judge decides here: the real model when the `real` extra is installed (judge.py).
@@ -44,8 +35,6 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
         if judge is None:
             raise AssayError("a sharded probe without a single-device reference needs --judge MODEL (or the `real` extra's default judge)")
         request = replace(request, judge=judge)
-    if request.judge:
-        resolve_model(request.judge)  # a bad judge path is bad input, found before any work
     if request.eval_tasks:
         from assay.compat.eval_tasks import check_eval_tasks
 

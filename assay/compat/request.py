@@ -67,6 +67,26 @@ class ProbeRequest:
     eval_tasks: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class SweepRequest:
+    models: list[str]
+    out: Path
+    probe: ProbeRequest = field(default_factory=lambda: ProbeRequest(model=""))  # options applied to each model
+    workers: int = 1
+    timeout: float = 600.0
+    memory_limit_bytes: int | None = None
+    force: bool = False
+    executor: str = "local"  # "local" or "ray"
+    cache_dir: Path | None = None  # compile caches for the probes (default: torch's own folder)
+    max_devices: int = 1
+    devices: int | None = None  # force this many devices per probe
+    device_memory_bytes: int | None = None
+    progress: bool = True
+    # Each probe from a freshly started interpreter instead of a fork of the pre-imported zygote
+    # (zygote.py): slower by the imports, for a plugin or device runtime that must start unforked.
+    fresh_interpreter: bool = False
+
+
 @dataclass
 class ModelRef:
     """What a MODEL argument names: where from_pretrained loads it, and how results name it."""

@@ -9,37 +9,16 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
-from assay.compat.dataset import check_results_target, init_results, recorded_evals, write_row
+from assay.compat.dataset import init_results, recorded_evals, write_row
 from assay.compat.isolate import run_isolated
 from assay.compat.placement import DevicePool, child_env, devices_needed
 from assay.compat.plan import plan_probe
-from assay.compat.request import ProbePlan, ProbeRequest
+from assay.compat.request import ProbePlan, SweepRequest
+from assay.compat.request_checks import check_sweep_request
 from assay.compat.schema import FAILURES, ROW_KEY
 from assay.core.device import device_count, resolve_device, total_memory_bytes
-from assay.core.errors import AssayError
-
-
-@dataclass(frozen=True)
-class SweepRequest:
-    models: list[str]
-    out: Path
-    probe: ProbeRequest = field(default_factory=lambda: ProbeRequest(model=""))  # options applied to each model
-    workers: int = 1
-    timeout: float = 600.0
-    memory_limit_bytes: int | None = None
-    force: bool = False
-    executor: str = "local"  # "local" or "ray"
-    cache_dir: Path | None = None  # compile caches for the probes (default: torch's own folder)
-    max_devices: int = 1
-    devices: int | None = None  # force this many devices per probe
-    device_memory_bytes: int | None = None
-    progress: bool = True
-    # Each probe from a freshly started interpreter instead of a fork of the pre-imported zygote
-    # (zygote.py): slower by the imports, for a plugin or device runtime that must start unforked.
-    fresh_interpreter: bool = False
 
 
 @dataclass
@@ -53,28 +32,6 @@ class SweepOutcome:
         for row in self.rows:
             counts[row["status"]] = counts.get(row["status"], 0) + 1
         return counts
-
-
-EXECUTORS = ("local", "ray")
-
-
-def check_sweep_request(request: SweepRequest) -> None:
-    """Every flag of the sweep, checked before anything starts (the zygote, the progress display) and
-    before the results folder is created: bad input is one line and leaves nothing behind."""
-    from assay.core.checks import check_output_folder
-    from assay.core.values import at_least, positive
-
-    at_least("--workers", request.workers, 1)
-    positive("--timeout", request.timeout)
-    positive("--memory-limit-gb", request.memory_limit_bytes)
-    at_least("--max-devices", request.max_devices, 1)
-    at_least("--devices", request.devices, 1)
-    positive("--device-memory-gb", request.device_memory_bytes)
-    at_least("--new-tokens", request.probe.new_tokens, 1)
-    if request.executor not in EXECUTORS:
-        raise AssayError(f"unknown --executor {request.executor!r} (local or ray)")
-    check_output_folder("--cache-dir", request.cache_dir)
-    check_results_target(request.out)
 
 
 def plan_sweep(request: SweepRequest) -> tuple[list[ProbePlan], list[str]]:
