@@ -77,11 +77,9 @@ def register(app: typer.Typer) -> None:
         first, one head, init std 0.05, GLA with short convolutions, 10 CPU minutes a model, stop at 95%)."""
         from dataclasses import replace
 
-        from assay.core.output import print_json, print_table
         from assay.recall import recipe
-        from assay.recall.mqar import layout_for
-        from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, plot_accuracy, table_rows
-        from assay.recall.train import RecallTrainRequest, train_recall
+        from assay.recall.request import RecallTrainRequest, validate_train_request
+        from assay.recall.spec import layout_for
 
         check_output_folder("--out", out)
         check_output_file("--plot", plot)
@@ -97,6 +95,11 @@ def register(app: typer.Typer) -> None:
             **_given(pairs=None if pairs is None else _ints("--pairs", pairs), seq_lens=None if seq_len is None else _ints("--seq-len", seq_len), budget_min=budget_min,
                      until_accuracy=until_accuracy, short_first=short_first, batch=batch) | off,
         )
+        validate_train_request(request)  # before torch is imported: a wrong flag answers at once
+        from assay.core.output import print_json, print_table
+        from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, plot_accuracy, table_rows
+        from assay.recall.train import train_recall
+
         result = train_recall(request)
         png = plot_accuracy(result.rows, plot or out / "recall.png", chance=request.layout.chance) if any(r["status"] == "ok" for r in result.rows) else None
         if json_out:

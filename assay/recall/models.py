@@ -20,7 +20,6 @@ import dataclasses
 
 import json
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,31 +27,11 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.files import atomic_folder, atomic_write_json, atomic_write_text
 from assay.recall.mqar import MQARSpec
+from assay.recall.spec import ARCHS, ModelSize  # noqa: F401 (their home is spec.py; imported from here too)
 from assay.core.tokens import TOKEN_IDS
 
-ARCHS = ("gla", "qwen3")
 LAYOUT_FILE = "recall.json"
 MATCH_TOLERANCE = 0.10  # parameter counts of the two architectures may differ by at most this fraction
-
-
-@dataclass(frozen=True)
-class ModelSize:
-    """Shared by both architectures. dim 64 / 2 layers / 4 heads are the zoo's tiny sizes: small enough
-    to train for minutes on two CPU cores, with a GLA state (4 KB) far below the KV cache at 256 tokens."""
-
-    dim: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    hidden_dim: int = 128
-    vocab_size: int = 1024
-    max_seq_len: int = 8192  # attention's rotary table (and the needle's longest prompt); GLA records it only
-    gla_expand_k: float = 0.5  # GLA's key width / dim: with n_heads, sets its state (n_layers x dim^2 x expand_k / heads)
-    # Standard deviation of the random matrices (both architectures). Transformers' 0.02 is a small init at
-    # width 64: the two-layer lookup circuit then sits on the copy plateau for thousands of steps (docs/recall.md).
-    init_std: float = 0.02
-    # fla's short convolutions on GLA's q, k, v (GLAArgs.use_short_conv): what lets the fixed state bind a
-    # key to the value after it (docs/recall.md, "Short convolutions"); attention has no such field.
-    gla_short_conv: bool = False
 
 
 def _spec(arch: str):

@@ -22,72 +22,15 @@ its step number, which the trainer's resume contract needs.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from assay.core.errors import AssayError
+from assay.recall.spec import ZOO_VOCAB, MQARSpec, layout_for  # noqa: F401 (their home is spec.py; imported from here too)
 
 IGNORE_INDEX = -100  # the trainer's (assay.train.data.IGNORE_INDEX); repeated so this module imports no trainer
-
-
-@dataclass(frozen=True)
-class MQARSpec:
-    """Where keys, values and filler live in the vocabulary. The defaults fit the zoo tokenizer's 1,024
-    ids: specials and a margin below 64, then 256 keys, 256 values, and the rest filler."""
-
-    vocab_size: int = 1024
-    first_key: int = 64
-    n_keys: int = 256
-    n_values: int = 256
-
-    def __post_init__(self) -> None:
-        if self.n_keys < 1 or self.n_values < 2 or self.first_key < 0:
-            raise AssayError(f"invalid MQAR token layout: {self}")
-        if self.first_filler + 1 > self.vocab_size:
-            raise AssayError(f"MQAR keys and values ({self.n_keys} + {self.n_values} from id {self.first_key}) "
-                             f"leave no filler ids in a vocabulary of {self.vocab_size}")
-
-    @property
-    def first_value(self) -> int:
-        return self.first_key + self.n_keys
-
-    @property
-    def first_filler(self) -> int:
-        return self.first_value + self.n_values
-
-    @property
-    def n_filler(self) -> int:
-        return self.vocab_size - self.first_filler
-
-    @property
-    def chance(self) -> float:
-        """Accuracy of a predictor that guesses uniformly among the value tokens."""
-        return 1.0 / self.n_values
-
-    def is_key(self, token: int) -> bool:
-        return self.first_key <= token < self.first_value
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-ZOO_VOCAB = 1024  # the zoo tokenizer's ids: the default vocabulary of a recall model
-
-
-def layout_for(keys: int, filler: int | None = None) -> MQARSpec:
-    """`keys` keys and as many values; `filler` filler ids (None: the rest of the zoo's 1,024 ids).
-
-    The model's vocabulary is the layout's (recall.train): a compact one (e.g. 64 filler ids) shrinks the
-    output head, which is most of a tiny model's step: only values are ever scored.
-    """
-    base = MQARSpec(n_keys=keys, n_values=keys)
-    if filler is None:
-        return base
-    if filler < 1:
-        raise AssayError(f"--filler must be >= 1 (got {filler})")
-    return MQARSpec(vocab_size=base.first_filler + filler, n_keys=keys, n_values=keys)
 
 
 def check_fits(spec: MQARSpec, seq_len: int, pairs: int) -> str | None:

@@ -15,8 +15,7 @@ measurement behind each).
 
 from __future__ import annotations
 
-from assay.recall.models import ModelSize
-from assay.recall.mqar import MQARSpec, layout_for
+from assay.recall.spec import ModelSize, MQARSpec, layout_for
 
 PAIRS = (4, 16)
 SEQ_LEN = 64
