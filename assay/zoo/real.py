@@ -112,15 +112,15 @@ def convert_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, progress:
     file Transformers can read.
 
     The folder appears whole or not at all (staged, then renamed). `progress`: a rich bar on stderr."""
+    started = time.perf_counter()
+    source = check_gguf_file(gguf_file).resolve()
+    check_conversion_target(out)  # both before torch is imported: a wrong path answers at once
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from assay.core.progress import progress_bar
 
-    started = time.perf_counter()
-    source = check_gguf_file(gguf_file).resolve()
-    check_conversion_target(out)
     folder, name = str(source.parent), source.name
     config = read_gguf_config(source)  # bad input stops here, before the bar and before any write
 
