@@ -178,8 +178,10 @@ def test_probe_and_sweep_reject_before_creating_out(inputs, tmp_path, args, frag
                                   ["sweep", "{qwen3}", "{tmp}/nowhere", "--out", "{tmp}/results"],
                                   ["sweep", "{qwen3}", "--executor", "bogus", "--out", "{tmp}/results"],
                                   ["recall", "train", "--out", "{tmp}/r", "--arch", "rwkv", "--steps", "1"],
-                                  ["recall", "train", "--out", "{tmp}/r", "--keys", "0", "--steps", "1"]], ids=" ".join)
-def test_probe_sweep_and_recall_refuse_a_bad_path_or_name_before_importing_torch(inputs, tmp_path, args):
+                                  ["recall", "train", "--out", "{tmp}/r", "--keys", "0", "--steps", "1"],
+                                  ["serve", "--model", "{qwen3}", "--max-seqs", "0"],
+                                  ["serve", "--model", "{qwen3}", "--dtype", "int4"]], ids=" ".join)
+def test_bad_paths_names_and_numbers_are_refused_before_importing_torch(inputs, tmp_path, args):
     # A wrong path or name is answered at once, not after the 2-4 s of importing torch and dynamo:
     # PYTHONPROFILEIMPORTTIME (python -X importtime) lists every module the process imported on stderr.
     filled = [a.format(tmp=tmp_path, qwen3=inputs["qwen3"]) for a in args]

@@ -20,9 +20,8 @@ from assay.core.dtypes import dtype_name, torch_dtype
 from assay.core.errors import AssayError
 from assay.models import registry
 from assay.models.serving import KV_REFERENCE_DTYPE, KVCacheAdapter, KVLayout, ModelAdapter, StateAdapter
+from assay.serve.config import STATE_DTYPES, WEIGHT_DTYPES, check_state_dtype, check_weight_dtype  # noqa: F401 (re-exported)
 
-STATE_DTYPES = ("float32", "bfloat16")  # what a slot pool stores (aliases bf16, fp32 accepted)
-WEIGHT_DTYPES = ("float32", "bfloat16")  # what the served model's weights are held in (--dtype)
 KV_REFERENCE_LENGTHS = (2048, 8192)
 
 # Former names of the two adapters.
@@ -31,17 +30,11 @@ Qwen3Adapter = KVCacheAdapter
 
 
 def state_dtype(name: str) -> torch.dtype:
-    canonical = dtype_name(name, STATE_DTYPES)
-    if canonical is None:
-        raise AssayError(f"state dtype {name!r}: expected float32 or bfloat16")
-    return torch_dtype(canonical)
+    return torch_dtype(check_state_dtype(name))
 
 
 def weight_dtype(name: str) -> torch.dtype:
-    canonical = dtype_name(name, WEIGHT_DTYPES)
-    if canonical is None:
-        raise AssayError(f"--dtype {name!r}: expected float32 or bfloat16")
-    return torch_dtype(canonical)
+    return torch_dtype(check_weight_dtype(name))
 
 
 def cast_weights(adapter: ModelAdapter, dtype: torch.dtype | str) -> ModelAdapter:

@@ -46,26 +46,29 @@ def serve_command(
     # The checkpoint (config, weights header, tokenizer: the HTTP API takes and returns text) before
     # anything is imported or loaded.
     check_checkpoint(model)
-    from assay.serve.server import ServeRequest, serve
+    from assay.serve.server import ServeRequest, check_request, engine_config, serve
 
-    quiet_libraries()
     request = ServeRequest(
         model=model, device=device, backend=backend, max_seqs=max_seqs, buckets=buckets, no_buckets=no_buckets, eager=eager,
         state_dtype=state_dtype, dtype=dtype, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
         max_len=max_len, max_prefill_tokens=max_prefill_tokens, host=host, port=port, served_model_name=served_model_name, api_key=api_key or None,
         **({} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}),
     )
+    # Every flag before torch is imported (serve() checks them again, for callers other than this command).
+    if executor not in ("local", "ray"):
+        raise AssayError(f"unknown --executor {executor!r}: local or ray")
+    if executor == "local" and replicas != 1:
+        raise AssayError("--replicas needs --executor ray (a local server is one engine)")
+    check_request(request)
+    engine_config(request)
+    quiet_libraries()
     announce = lambda line: print(line, flush=True)  # noqa: E731
     if executor == "ray":
         from assay.serve.ray_deployment import serve_with_ray
 
         serve_with_ray(request, replicas, announce=announce)
-    elif executor == "local":
-        if replicas != 1:
-            raise AssayError("--replicas needs --executor ray (a local server is one engine)")
-        serve(request, announce=announce)
     else:
-        raise AssayError(f"unknown --executor {executor!r}: local or ray")
+        serve(request, announce=announce)
     sys.stdout.flush()
 
 

@@ -5,12 +5,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from assay.core.dtypes import dtype_name
 from assay.core.errors import AssayError
-from assay.serve.adapters import state_dtype, weight_dtype
 from assay.serve.scheduler import DEFAULT_BUCKETS, check_buckets
 
 if TYPE_CHECKING:
     from assay.serve.sampling import TokenLogprob
+
+
+# Names only: this module imports no torch, so `assay serve` checks its flags before importing it.
+STATE_DTYPES = ("float32", "bfloat16")  # what a slot pool stores (aliases bf16, fp32 accepted)
+WEIGHT_DTYPES = ("float32", "bfloat16")  # what the served model's weights are held in (--dtype)
+
+
+def check_state_dtype(name: str) -> str:
+    """The canonical name of a slot pool's dtype (an alias resolved), or AssayError."""
+    canonical = dtype_name(name, STATE_DTYPES)
+    if canonical is None:
+        raise AssayError(f"state dtype {name!r}: expected float32 or bfloat16")
+    return canonical
+
+
+def check_weight_dtype(name: str) -> str:
+    """The canonical name of the weights' dtype (--dtype), or AssayError."""
+    canonical = dtype_name(name, WEIGHT_DTYPES)
+    if canonical is None:
+        raise AssayError(f"--dtype {name!r}: expected float32 or bfloat16")
+    return canonical
 
 
 @dataclass(frozen=True)
@@ -55,8 +76,8 @@ class EngineConfig:
             raise AssayError(f"--max-prefill-tokens must be at least 1, got {self.max_prefill_tokens}")
         if self.max_len is not None and self.max_len < 2:
             raise AssayError(f"--max-len must be at least 2, got {self.max_len}")
-        state_dtype(self.state_dtype)
-        weight_dtype(self.dtype)
+        check_state_dtype(self.state_dtype)
+        check_weight_dtype(self.dtype)
         check_buckets(self.buckets, self.max_seqs)
 
 

@@ -51,9 +51,8 @@ def default_buckets(max_seqs: int) -> tuple[int, ...]:
 
 def engine_config(request: ServeRequest):
     """The engine's flags, checked (with --dtype, and --max-len against the checkpoint's positions)."""
-    from assay.serve.engine import EngineConfig
+    from assay.serve.config import EngineConfig
     from assay.serve.scheduler import parse_buckets
-    from assay.serve.sizing import check_max_len
 
     if request.no_buckets and request.buckets is not None:
         raise AssayError("--buckets and --no-buckets exclude each other")
@@ -70,7 +69,10 @@ def engine_config(request: ServeRequest):
         **({} if request.max_prefill_tokens is None else {"max_prefill_tokens": request.max_prefill_tokens}),
     )
     config.validate()
-    check_max_len(request.model, request.max_len)
+    if request.max_len is not None:  # sizing imports torch: only when there is a --max-len to check
+        from assay.serve.sizing import check_max_len
+
+        check_max_len(request.model, request.max_len)
     return config
 
 
@@ -106,9 +108,9 @@ def _import_routes():
 
 def serve(request: ServeRequest, announce=print) -> None:
     """Load, warm up, listen, announce the URL, serve until SIGINT/SIGTERM, then stop the engine thread."""
-    routes = _import_routes()
     check_request(request)
-    config = engine_config(request)  # bad flags fail here, before the model loads
+    config = engine_config(request)  # bad flags fail here, before torch is imported and the model loads
+    routes = _import_routes()
     from assay.models.hf_checkpoint import checkpoint_dir
     from assay.serve.adapters import adapter_dtype
 
