@@ -27,6 +27,7 @@ def serve_command(
     max_prompt_tokens: int = typer.Option(8192, "--max-prompt-tokens", help="longest prompt accepted"),
     max_new_tokens: int = typer.Option(4096, "--max-new-tokens", help="largest max_tokens accepted"),
     max_prefill_tokens: Optional[int] = typer.Option(None, "--max-prefill-tokens", show_default=False, help="prompt tokens (padding included) prefilled per step at most; a longer prompt is prefilled in chunks between decode steps (default 2048)"),
+    long_prefill_token_threshold: Optional[int] = typer.Option(None, "--long-prefill-token-threshold", show_default=False, help="a prompt of more tokens is long: shorter prompts are prefilled first and one long prompt at a time takes the rest of the budget (default 512; 0: first come, first served)"),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="KV-cache models: positions per slot (default prompt + new tokens; past the model's positions only where its rope scaling reaches)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0 for every interface)"),
     port: int = typer.Option(8000, "--port", help="port to listen on (0: a free port, printed)"),
@@ -51,7 +52,7 @@ def serve_command(
     request = ServeRequest(
         model=model, device=device, backend=backend, max_seqs=max_seqs, buckets=buckets, no_buckets=no_buckets, eager=eager,
         state_dtype=state_dtype, dtype=dtype, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
-        max_len=max_len, max_prefill_tokens=max_prefill_tokens, host=host, port=port, served_model_name=served_model_name, api_key=api_key or None,
+        max_len=max_len, max_prefill_tokens=max_prefill_tokens, long_prefill_token_threshold=long_prefill_token_threshold, host=host, port=port, served_model_name=served_model_name, api_key=api_key or None,
         **({} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}),
     )
     # Every flag before torch is imported (serve() checks them again, for callers other than this command).

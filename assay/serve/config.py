@@ -57,6 +57,11 @@ class EngineConfig:
     # a 32 x 128-token wave on SmolLM2-135M (CPU, float32) keeps the throughput of no limit (92.7 vs 92.1
     # tokens/s; 512: 82.9), see docs/serve.md.
     max_prefill_tokens: int | None = 2048
+    # A prompt of more tokens is "long": short prompts are offered the prefill budget first and at most one long
+    # prompt is prefilled at a time, taking what they leave (vLLM's long_prefill_token_threshold with
+    # max_long_partial_prefills 1), so a 128-token request does not wait behind every chunk of a 2K one.
+    # None or 0: first come, first served. 512: a quarter of the default budget.
+    long_prefill_token_threshold: int | None = 512
 
     @property
     def mode(self) -> str:
@@ -74,6 +79,8 @@ class EngineConfig:
             raise AssayError("max_prompt_tokens and max_new_tokens must be positive")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise AssayError(f"--max-prefill-tokens must be at least 1, got {self.max_prefill_tokens}")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
+            raise AssayError(f"--long-prefill-token-threshold must be >= 0 (0: off), got {self.long_prefill_token_threshold}")
         if self.max_len is not None and self.max_len < 2:
             raise AssayError(f"--max-len must be at least 2, got {self.max_len}")
         check_state_dtype(self.state_dtype)

@@ -2,7 +2,8 @@
 
 Each engine step runs at most ONE prefill call, before its decode step:
   1. plan: the prompts being prefilled (oldest first), then waiting requests that fit free slots (FIFO), each
-     offered its remaining prompt tokens; `plan_chunks` picks the rows and how many tokens each gets, so the
+     offered its remaining prompt tokens, short prompts first and one long prompt after them (`short_first`,
+     EngineConfig.long_prefill_token_threshold); `plan_chunks` picks the rows and how many tokens each gets, so the
      padded batch (rows x the longest chunk) stays within `max_prefill_tokens` and its padding within
      MAX_PADDED_OVER_REAL x the real tokens (a row that would pad more waits for a later step);
   2. one `adapter.prefill_batch` call over the right-padded batch: fresh rows start at position 0, later
@@ -52,6 +53,19 @@ class PrefillJob:
         return len(self.request.prompt) - self.done
 
 
+def short_first(prompt_lengths: list[int], long_threshold: int | None) -> list[int]:
+    """Candidate indices (candidates oldest first) in the order they are offered the step's budget: prompts of
+    at most long_threshold tokens first, then the oldest longer one alone (vLLM's long_prefill_token_threshold
+    with max_long_partial_prefills 1). A 2K-token prompt first in line would otherwise take the whole budget
+    step after step while a 100-token request waits behind every chunk of it (bench/serve_ttft.py); now short
+    prompts go ahead and the long one takes what they leave, so it still moves every step. None or 0: FIFO."""
+    if not long_threshold:
+        return list(range(len(prompt_lengths)))
+    short = [i for i, n in enumerate(prompt_lengths) if n <= long_threshold]
+    long = [i for i, n in enumerate(prompt_lengths) if n > long_threshold]
+    return short + long[:1]
+
+
 def plan_chunks(remaining: list[int], budget: int | None, max_padded_over_real: float | None = None) -> list[int]:
     """Tokens each candidate prefills this step (0: not this step), candidates in priority order.
 
@@ -95,15 +109,18 @@ class BatchPrefill:
                 break
             waiting.append(request)
             slots -= 1 + len(request.forks)
-        candidates = jobs + [PrefillJob(request) for request in waiting]
-        chunks = plan_chunks([job.remaining for job in candidates], self.config.max_prefill_tokens)
-        admitted = {id(job.request) for job, chunk in zip(candidates[len(jobs):], chunks[len(jobs):]) if chunk}
+        fresh = [PrefillJob(request) for request in waiting]
+        offered = [(jobs + fresh)[i] for i in short_first([len(job.request.prompt) for job in jobs + fresh],
+                                                          self.config.long_prefill_token_threshold)]
+        chunks = plan_chunks([job.remaining for job in offered], self.config.max_prefill_tokens)
+        rows = [(job, chunk) for job, chunk in zip(offered, chunks) if chunk]
+        admitted = {id(job.request) for job, _ in rows if any(job is new for new in fresh)}
         if admitted:
             self._waiting = type(self._waiting)(r for r in self._waiting if id(r) not in admitted)
-        for job in candidates[len(jobs):]:
+        for job in fresh:
             if id(job.request) in admitted:
                 self._admit(job)
-        return [(job, chunk) for job, chunk in zip(candidates, chunks) if chunk]
+        return rows
 
     def _admit(self, job: PrefillJob) -> None:
         request = job.request
@@ -144,8 +161,11 @@ class BatchPrefill:
         all_logits = any(job.request.prompt_logprobs is not None for job, _ in rows)
         synchronize(device)
         start = now()
+        # Only the positions the rows will hold after this call (the prefill runs uncompiled in every mode): a later
+        # chunk of a 2K prompt no longer gathers and attends over its whole slot (bench/serve_ttft.py).
+        buffers = self.adapter.live_buffers(self.pool.buffers, max(job.done + chunk for job, chunk in rows))
         with torch.no_grad():
-            logits = self.adapter.prefill_batch(tokens.to(device), slot_ids, self.pool.buffers, lengths=lengths,
+            logits = self.adapter.prefill_batch(tokens.to(device), slot_ids, buffers, lengths=lengths,
                                                 start_positions=starts, all_logits=all_logits)
         synchronize(device)
         with self._lock:
@@ -197,4 +217,4 @@ class BatchPrefill:
         return len(self._running) + len(self._prefilling) + len(self._pending_forks)
 
 
-__all__ = ["MAX_PADDED_OVER_REAL", "BatchPrefill", "PrefillJob", "plan_chunks"]
+__all__ = ["MAX_PADDED_OVER_REAL", "BatchPrefill", "PrefillJob", "plan_chunks", "short_first"]

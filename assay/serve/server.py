@@ -29,6 +29,7 @@ class ServeRequest:
     state_dtype: str = "float32"
     dtype: str = "float32"  # the weights' (--dtype): float32 or bfloat16; logits are float32 either way
     max_prefill_tokens: int | None = None  # None: the engine's default budget
+    long_prefill_token_threshold: int | None = None  # None: the engine's default
     max_waiting: int = 256
     max_prompt_tokens: int = 8192
     max_new_tokens: int = 4096
@@ -67,6 +68,7 @@ def engine_config(request: ServeRequest):
         state_dtype=request.state_dtype, max_waiting=request.max_waiting, max_prompt_tokens=request.max_prompt_tokens,
         max_new_tokens=request.max_new_tokens, max_len=request.max_len, dtype=request.dtype,
         **({} if request.max_prefill_tokens is None else {"max_prefill_tokens": request.max_prefill_tokens}),
+        **({} if request.long_prefill_token_threshold is None else {"long_prefill_token_threshold": request.long_prefill_token_threshold}),
     )
     config.validate()
     if request.max_len is not None:  # sizing imports torch: only when there is a --max-len to check

@@ -19,7 +19,7 @@ import torch
 from assay.core.numerics import assert_close
 from assay.models import registry
 from assay.serve import Engine, EngineConfig, run_to_completion
-from assay.serve.engine_prefill import plan_chunks
+from assay.serve.engine_prefill import plan_chunks, short_first
 
 # Lengths padded to 40 stay within the padding cap, so one call takes them all; most pass Gemma 3's window of 8.
 LENGTHS = [40, 9, 33, 26, 38]
@@ -183,3 +183,58 @@ def test_plan_chunks_keeps_the_budget_and_the_padding_cap():
     # 4 rows x 60 = 240 padded against 63 real tokens: past the cap, so the 60-token prompt waits, not the next
     assert plan_chunks([1, 1, 1, 60, 2], None, 2.0) == [1, 1, 1, 0, 2]
     assert plan_chunks([10, 500, 10], 512, 1.5) == [10, 0, 10], "2 x 256 padded for 266 real: past 1.5x"
+
+
+def test_short_prompts_are_offered_the_budget_before_one_long_prompt():
+    assert short_first([2000, 100, 30], 512) == [1, 2, 0], "short ones first, oldest first; then the long one"
+    assert short_first([2000, 3000, 100], 512) == [2, 0], "one long prompt at a time: the oldest"
+    assert short_first([2000, 100], 0) == [0, 1] and short_first([2000, 100], None) == [0, 1], "off: first come, first served"
+
+
+@pytest.mark.parametrize("threshold", [16, 0])
+def test_a_short_prompt_arriving_mid_prefill_gets_its_first_token_before_the_long_one_is_prefilled(threshold):
+    # The long prompt (50 tokens at a budget of 16 a step) is part-way when the short one (6 tokens) arrives.
+    # Threshold 16: the short one goes ahead in the next step's call, the long one takes the rest of the budget
+    # (16 // 2 = 8) and still moves. Threshold 0 (first come, first served): the short one waits for the long
+    # one's chunks and joins only its last call (2 tokens left: room for 6 more).
+    adapter = _adapter("qwen3")
+    engine = _engine(adapter, max_prefill_tokens=16, max_len=96, long_prefill_token_threshold=threshold)
+    long, short = _prompts(adapter.args.vocab_size, [50, 6])
+    engine.add_request("long", long, max_tokens=3)
+    engine.step()  # the long prompt's first 16 tokens
+    engine.add_request("short", short, max_tokens=3)
+    first_token_step: dict[str, int] = {}
+    tokens: dict[str, list[int]] = {}
+    step = 0
+    while engine.has_unfinished():
+        step += 1
+        for event in engine.step():
+            first_token_step.setdefault(event.request_id, step)
+            tokens.setdefault(event.request_id, []).append(event.token_id)
+    if threshold:
+        assert first_token_step["short"] == 1 and first_token_step["long"] > first_token_step["short"]
+    else:
+        assert first_token_step["short"] == first_token_step["long"] == 3, "50 tokens at 16 a step: 16 + 16 + 16 + 2"
+    # Either order, each prompt's tokens are those it gets alone.
+    assert tokens == {"long": _alone(adapter, [long])[0]["r0"][:3], "short": _alone(adapter, [short])[0]["r0"][:3]}
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_chunks_past_the_live_grain_read_only_the_positions_in_use_and_give_the_tokens_of_one_pass(name):
+    # A 200-token prompt in chunks of 48 into slots of 320: the first chunks see a view of 128 positions, the
+    # later ones 256 (LIVE_GRAIN), never the whole slot; Gemma 3's window-8 layers keep their ring as it is.
+    # Greedy tokens and the first token's log-probabilities equal one unchunked pass over the whole slot.
+    spec = registry.get(name)
+    args = replace(spec.flavours["tiny"], max_seq_len=320)
+    model = spec.build(args, "cpu", torch.float32, seed=0)
+    model.init_weights(std=0.1, generator=torch.Generator().manual_seed(0))
+    adapter = spec.adapter_for(model.eval(), args)
+    prompts = _prompts(args.vocab_size, [200, 7])
+    chunked_engine = Engine(adapter, EngineConfig(max_seqs=2, buckets=(1, 2), eager=True, max_len=320, max_prefill_tokens=48))
+    chunked, first = _run(chunked_engine, prompts, logprobs=5)
+    assert chunked_engine.stats().prefill_calls >= 200 // 48 + 1
+    whole_engine = Engine(adapter, EngineConfig(max_seqs=1, buckets=(1,), eager=True, max_len=320, max_prefill_tokens=None))
+    for index, prompt in enumerate(prompts):
+        tokens, events = _run(whole_engine, [prompt], logprobs=5)
+        assert chunked[f"r{index}"] == tokens["r0"]
+        _assert_same_logprobs("model_logits", first[f"r{index}"].logprob, events["r0"].logprob)

@@ -520,6 +520,7 @@ def test_assay_serve_answers_and_exits_cleanly_on_signal(zoo_dir, reference, sto
         (["--executor", "k8s"], "unknown --executor 'k8s': local or ray"),
         (["--api-key", "two words"], "--api-key (or ASSAY_API_KEY) must be a non-empty string without spaces"),
         (["--max-request-bytes", "10"], "--max-request-bytes must be at least 1024, got 10"),
+        (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold must be >= 0 (0: off), got -1"),
     ],
 )
 def test_assay_serve_bad_flags_exit_2_with_one_line(zoo_dir, assay_cli, flags, message):
