@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from assay.models.common.kv_cache import LIVE_GRAIN  # an eager KV decode's view of the pool grows in steps of this
 from assay.models.memory import kv_cache_bytes_per_sequence, linear_state_bytes_per_sequence
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 # The "transformer of the same size" is compared in bfloat16, the dtype such caches are served in.
 KV_REFERENCE_DTYPE = torch.bfloat16
-LIVE_GRAIN = 128  # positions: an eager KV decode's view of the pool grows in steps of this
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ class Attention(nn.Module):
         else:
             # Later chunks: each row attends to its cached positions, then its chunk causally.
             q, k = apply_rotary(q, k, step.cos, step.sin)
-            cached_k, cached_v = (part[step.slot_ids].to(q.dtype) for part in step.cache)  # [B, L, Hkv, D]
+            cached_k, cached_v = (part.index_select(0, step.slot_ids).to(q.dtype) for part in step.cache)  # [B, L, Hkv, D]
             keys, values = torch.cat([cached_k, k], dim=1), torch.cat([cached_v, v], dim=1)
             attended = masked_attention(q, keys, values, step.mask, self.sdpa.scale)
         step.write(k, v)
@@ -145,6 +145,19 @@ class Attention(nn.Module):
         # In place (index_put_ on the graph input): the cache stays one static buffer, no recompiles.
         cache_k.index_put_((step.slot_ids, step.index), k[:, 0].to(cache_k.dtype))
         cache_v.index_put_((step.slot_ids, step.index), v[:, 0].to(cache_v.dtype))
-        keys, values = cache_k[step.slot_ids].to(q.dtype), cache_v[step.slot_ids].to(q.dtype)  # [W, L, Hkv, D]
-        attended = masked_attention(q, keys, values, step.visible, self.sdpa.scale)
+        if step.groups is None:
+            attended = self._attend_cached(q, cache_k, cache_v, step.slot_ids, step.visible)
+        else:  # rows of different lengths: each group over the positions its rows hold (kv_cache.row_groups)
+            attended = torch.empty_like(q)
+            for group in step.groups:
+                part = self._attend_cached(q.index_select(0, group.rows), cache_k[:, : group.live], cache_v[:, : group.live],
+                                           group.slot_ids, group.visible)
+                attended.index_copy_(0, group.rows, part)
         return self.wo(attended.reshape(x.shape[0], 1, -1))
+
+    def _attend_cached(self, q, cache_k, cache_v, slot_ids, visible):
+        # q: [W, 1, Hq, D]; cache_k/v: [N, L, Hkv, D]; slot_ids: [W]; visible: [W, 1, 1, L] -> [W, 1, Hq, D]
+        # index_select, not cache_k[slot_ids]: the same rows, gathered 2-6x faster on CPU (advanced indexing
+        # goes through the generic index kernel; measured at 8-32 rows x 160-2,176 positions).
+        keys, values = cache_k.index_select(0, slot_ids).to(q.dtype), cache_v.index_select(0, slot_ids).to(q.dtype)  # [W, L, Hkv, D]
+        return masked_attention(q, keys, values, visible, self.sdpa.scale)
