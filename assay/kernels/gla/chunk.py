@@ -154,10 +154,14 @@ class _GLAChunkFunction(torch.autograd.Function):
 def _forward_from_parts(parts, v, state, scale: float, chunk: int):
     """(o [B, T, H, V], final state, entry states [B, H, N, K, V]) from a form's per-chunk tensors."""
     v_c = chunked(v, chunk).contiguous()  # [B, H, N, C, V]
-    updates = bmm(parts.keys_exit.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
+    # The sub-chunk form with a reach R < C hands only the chunk's last R keys and first R queries to the states.
+    exit_rows, entry_rows = parts.keys_exit.shape[-2], parts.queries_entry.shape[-2]
+    updates = bmm(parts.keys_exit.transpose(-1, -2), v_c[..., chunk - exit_rows :, :])  # [B, H, N, K, V]: each chunk's keys at its end
     states, final = scan_states(state, parts.chunk_decay, updates)
     # o = scores v + scale (q exp(b)) S_entry, the second added inside the batched matmul.
-    o = bmm(parts.queries_entry, states, add=bmm(parts.scores, v_c), alpha=scale).flatten(2, 3).transpose(1, 2)
+    o = bmm(parts.scores, v_c)
+    bmm(parts.queries_entry, states, add=o[..., :entry_rows, :], alpha=scale)
+    o = o.flatten(2, 3).transpose(1, 2)
     # Compiled, o is made contiguous: its gradient then arrives contiguous too, which the backward's torch.cond
     # branches (traced with contiguous operands) assert.
     return (o.contiguous() if compiling() else o), final, states
@@ -168,10 +172,12 @@ def _backward_body(parts, q, k, v, g, states_before, final, grad_o, grad_final, 
     v_c = chunked(v, chunk).contiguous()
     do = chunked(grad_o, chunk).contiguous()  # [B, H, N, C, V]
     # State gradients, last chunk first: dS_n = exp(B_n) dS_{n+1} + scale (q exp(b))_n^T do_n.
-    from_outputs = bmm(parts.queries_entry.transpose(-1, -2), do, alpha=scale)  # [B, H, N, K, V]
+    exit_rows, entry_rows = parts.keys_exit.shape[-2], parts.queries_entry.shape[-2]  # C, or a sub-chunk form's reach
+    from_outputs = bmm(parts.queries_entry.transpose(-1, -2), do[..., :entry_rows, :], alpha=scale)  # [B, H, N, K, V]
     grad_after, grad_state = reverse_scan(grad_final, parts.chunk_decay, from_outputs)  # of each exit state
     grad_scores = bmm(do, v_c.transpose(-1, -2)).tril_()  # [B, H, N, C, C]
-    grad_v = bmm(parts.keys_exit, grad_after, add=bmm(parts.scores.transpose(-1, -2), do))
+    grad_v = bmm(parts.scores.transpose(-1, -2), do)
+    bmm(parts.keys_exit, grad_after, add=grad_v[..., chunk - exit_rows :, :])
     grad_q, grad_k = parts.query_key_grads(grad_scores, do, states_before, v_c, grad_after, scale)
 
     # g: scores depend on b_i - b_j only, so db = q dq - k dk; the chunk total B also scales the
