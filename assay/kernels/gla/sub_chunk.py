@@ -180,7 +180,12 @@ def _new(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     would otherwise follow the view's)."""
     if compiling():
         return op(a, b).contiguous()
-    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
+    # The shape by hand: torch.broadcast_shapes (Python, torch._refs) takes 20 us a call here, a few times
+    # per level.
+    pad = a.dim() - b.dim()
+    a_shape, b_shape = (1,) * -pad + tuple(a.shape), (1,) * pad + tuple(b.shape)
+    shape = tuple(x if y == 1 else y for x, y in zip(a_shape, b_shape))
+    out = torch.empty(shape, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
     return op(a, b, out=out)
 
 
@@ -209,8 +214,9 @@ class SubChunkParts:
         floor, tiny = limits.exp_floor, math.exp(-limits.exp_floor)
         if self.smallest:  # E: exp(g) for the first of a pair, exp(g_first + g_second) for the second
             pairs = g_c.unflatten(-2, (-1, 2))
-            clamped = pairs.clamp(min=-limits.state_flush - 1.0)
-            if not compiling():  # into a new contiguous tensor (the view's layout would follow g's)
+            if compiling():
+                clamped = pairs.clamp(min=-limits.state_flush - 1.0)
+            else:  # into a new contiguous tensor (the view's layout would follow g's)
                 clamped = torch.clamp(pairs, min=-limits.state_flush - 1.0, out=torch.empty(pairs.shape, dtype=g.dtype, device=g.device))
             self.factor = clamped.contiguous().view(self.blocks).exp_()
             self.step = self.factor[..., 1, :].clone()  # exp(g_{2a+1}): the first's key to the pair's end
