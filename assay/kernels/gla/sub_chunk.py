@@ -301,10 +301,11 @@ class SubChunkParts:
         costs more than a 16 x 16 here."""
         return max(width, min(STACK, self.plan.chunk // (2 * size) * width))
 
-    def query_key_grads(self, grad_scores, do, states_before, v_c, grad_after, scale):
-        """(grad_q, grad_k) [B, H, N, C, K] from grad_scores [B, H, N, C, C] (do v^T, lower triangle),
-        do [B, H, N, C, V], the entry states, v and the exit states' gradients [B, H, N, K, V]: collected in
-        the units of Qb and of the keys, each level's part times its scale, then in q's and k's own units."""
+    def query_key_grads(self, grad_scores, entry, exit_, scale):
+        """(grad_q, grad_k) [B, H, N, C, K] from grad_scores [B, H, N, C, C] (do v^T, lower triangle) and the
+        parts through the states, entry = scale do S_entry^T of the first R rows and exit_ = v dS_exit^T of the
+        last R rows [B, H, N, R, K]: collected in the units of Qb and of the keys, each level's part times its
+        scale, then in q's and k's own units."""
         chunk, block = self.plan.chunk, self.plan.block
         flat, key_dim = self.blocks[0], self.blocks[-1]
         grads = grad_scores.reshape(flat, chunk, chunk)
@@ -336,10 +337,8 @@ class SubChunkParts:
             into_rows.add_(grad_rows) if row_scale is None else into_rows.addcmul_(grad_rows, row_scale)
             into_cols.add_(grad_cols) if col_scale is None else into_cols.addcmul_(grad_cols, col_scale)
         # through the exit keys (the keys times their exit scale) and the entry queries (q times its factor)
-        reach = self.keys_exit.shape[-2]  # only the first R queries and the last R keys reach the states
-        exit_ = bmm(v_c[..., chunk - reach :, :], grad_after.transpose(-1, -2)).view(flat, -1, block, key_dim)  # [M, R/h, h, K]
+        exit_, entry = exit_.reshape(flat, -1, block, key_dim), entry.reshape(flat, -1, block, key_dim)  # [M, R/h, h, K]
         grad_keys[:, -exit_.shape[1] :].addcmul_(exit_, self.exit_scale)
-        entry = bmm(do[..., :reach, :], states_before.transpose(-1, -2), alpha=scale).view(exit_.shape)
         grad_queries[:, : entry.shape[1]].addcmul_(entry, self.before)
         grad_q = grad_queries.mul_(self.factor).view(*self.lead, *self.blocks[1:])
         if self.smallest:
