@@ -40,7 +40,6 @@ def scan_states(state, chunk_decay, updates):
     """S_{n+1} = exp(B_n) S_n + U_n from [B, H, K, V], [B, H, N, K, 1], [B, H, N, K, V]:
     (the states entering each chunk [B, H, N, K, V], the state after the last). Eager, each entry
     state is written in place into one tensor (no list to stack); compiled, a list and one stack."""
-    updates_all = updates
     decays, updates = chunk_decay.unbind(2), updates.unbind(2)  # unbind: one op to split
     if compiling():
         states = []
@@ -49,10 +48,6 @@ def scan_states(state, chunk_decay, updates):
             state = torch.addcmul(update, decay, state)
         return torch.stack(states, dim=2), state
     states = torch.empty(*state.shape[:2], len(updates), *state.shape[2:], dtype=updates[0].dtype, device=state.device)
-    if not chunk_decay.any():  # every chunk's decay flushed to 0 (gates that wipe the state): each state is the update before
-        states[:, :, 0].copy_(state)
-        states[:, :, 1:].copy_(updates_all[:, :, :-1])
-        return states, updates[-1].clone()
     entry = states.unbind(2)
     entry[0].copy_(state)
     for decay, update, before, after in zip(decays, updates, entry, entry[1:]):
@@ -72,10 +67,6 @@ def reverse_scan(grad_final, chunk_decay, from_outputs):
             grad_state = torch.addcmul(term, decay, grad_state)
         return torch.stack(grad_after[::-1], dim=2), grad_state
     grad_after = torch.empty_like(from_outputs)
-    if not chunk_decay.any():  # every chunk's decay flushed to 0: each exit state's gradient is the next chunk's term
-        grad_after[:, :, -1].copy_(grad_final)
-        grad_after[:, :, :-1].copy_(from_outputs[:, :, 1:])
-        return grad_after, terms[0].clone()
     after = grad_after.unbind(2)
     after[-1].copy_(grad_final)
     for decay, term, later, earlier in zip(decays[:0:-1], terms[:0:-1], after[:0:-1], after[-2::-1]):

@@ -24,6 +24,13 @@ of levels, log2(C / h)), never an explicit [C, C, K] decay tensor.
 
 Chunks of at most MAX_CHUNK (32) tokens: one level fewer than 64, for twice the state steps.
 
+The reach (`plan`): when every aligned R-token block decays below e^-state_flush in every channel (gates that
+wipe the state: R = 4 or 8), a term between tokens that a whole R-block separates is below the terms the
+state flush already drops (a chunk decay below e^-60 is 0). Then a level of size s > R keeps only the R
+rows after its split and the R columns before it, and the state only each chunk's first R queries and last
+R keys; every chunk's decay is 0, so the state path is flushed.py's. Levels and state matmuls shrink by
+up to C / R; the plan checks the bound on the gates once per call (a few reductions over b).
+
 Denormals: every exp argument is clamped above -87 (exp's slow path) and every factor tensor built here
 (E, the block scales, the chunk's decay) is a normal number or zero: a level's row scale below e^-25 and
 a column factor below e^-86 (e^-25 for h = 2) are clamped there, which changes terms below e^-25 of
