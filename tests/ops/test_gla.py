@@ -337,6 +337,19 @@ def test_each_block_size_matches_recurrent_on_the_models_gates(monkeypatch, bloc
     _assert_chunk_matches_recurrent(inputs)
 
 
+def test_wiping_gates_take_the_flushed_state_path(monkeypatch):
+    # Every chunk's decay is 0: forward and backward build the state terms from neighbouring chunks (flushed.py),
+    # across the batch's and heads' sequence boundaries, with an initial state and a final state's gradient.
+    calls = []
+    for name in ("flushed_forward", "flushed_state_grads"):
+        real = getattr(chunk_module, name)
+        monkeypatch.setattr(chunk_module, name, lambda *args, real=real, name=name: calls.append(name) or real(*args))
+    inputs = make_inputs(2 * 64 + 37, 1.0)
+    inputs[3] = gate("wipe", inputs[3].shape)
+    _assert_chunk_matches_recurrent(inputs)
+    assert {"flushed_forward", "flushed_state_grads"} <= set(calls)
+
+
 @pytest.mark.parametrize("strength", ["1x", "4x", "wipe"])
 def test_the_sub_chunk_form_passes_no_denormal_to_exp_or_the_scan(strength):
     # exp of an argument below -87 (a denormal result) runs 13x slower on this project's CPU (docs/gla.md):
