@@ -238,7 +238,13 @@ def test_the_form_is_chosen_from_the_gates():
     # Stronger gates: the sub-chunk form (chunks of 32), with smaller blocks the stronger they are; gates that
     # wipe the state: blocks of 2, whose diagonal takes any gate.
     one, four, wipe = (form_of(gate(strength, shape), 64) for strength in ("1x", "4x", "wipe"))
-    assert one == SubChunkPlan(MAX_SUB_CHUNK, 16) and wipe == SubChunkPlan(MAX_SUB_CHUNK, 2)
+    assert one == SubChunkPlan(MAX_SUB_CHUNK, 16) and (wipe.chunk, wipe.block) == (MAX_SUB_CHUNK, 2)
+    # Wiping gates decay by far more than e^-60 over any few tokens: a reach R < C (the state flush's limit)
+    # that is the shortest whose every aligned R-block does; 1x and 4x gates keep every term (no reach).
+    assert wipe.reach is not None and 2 <= wipe.reach < MAX_SUB_CHUNK and one.reach is None and four.reach is None
+    wiped = gate("wipe", shape)
+    assert wiped.view(1, -1, wipe.reach, HEADS, KEY_DIM).sum(2).max() <= -LIMITS[torch.float32].state_flush
+    assert wiped.view(1, -1, wipe.reach // 2, HEADS, KEY_DIM).sum(2).max() > -LIMITS[torch.float32].state_flush
     assert four.chunk == MAX_SUB_CHUNK and 4 <= four.block < one.block
     # Each plan's blocks really decay by at most e^block_range, and the next larger block would not.
     blocks = gate("4x", shape).view(1, -1, four.block, HEADS, KEY_DIM).sum(2)
@@ -329,6 +335,19 @@ def test_each_block_size_matches_recurrent_on_the_models_gates(monkeypatch, bloc
     inputs[3] = gate("/16", inputs[3].shape)
     assert form_of(F.pad(inputs[3], (0, 0, 0, 0, 0, 27)), 64) == SubChunkPlan(MAX_SUB_CHUNK, block)
     _assert_chunk_matches_recurrent(inputs)
+
+
+def test_wiping_gates_take_the_flushed_state_path(monkeypatch):
+    # Every chunk's decay is 0: forward and backward build the state terms from neighbouring chunks (flushed.py),
+    # across the batch's and heads' sequence boundaries, with an initial state and a final state's gradient.
+    calls = []
+    for name in ("flushed_forward", "flushed_state_grads"):
+        real = getattr(chunk_module, name)
+        monkeypatch.setattr(chunk_module, name, lambda *args, real=real, name=name: calls.append(name) or real(*args))
+    inputs = make_inputs(2 * 64 + 37, 1.0)
+    inputs[3] = gate("wipe", inputs[3].shape)
+    _assert_chunk_matches_recurrent(inputs)
+    assert {"flushed_forward", "flushed_state_grads"} <= set(calls)
 
 
 @pytest.mark.parametrize("strength", ["1x", "4x", "wipe"])

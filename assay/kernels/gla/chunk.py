@@ -22,6 +22,7 @@ from assay.kernels.gla.factorised import (
     FactorisedParts,
     eager_forward,
 )
+from assay.kernels.gla.flushed import flushed_forward, flushed_state_grads
 from assay.kernels.gla.reference import (
     accumulation_dtype,
     check_chunk_size,
@@ -124,10 +125,13 @@ class _GLAChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, g, _, scale, chunk_size = inputs
+        q, k, v, g, initial_state, scale, chunk_size = inputs
         _, final, states, form = output
-        ctx.save_for_backward(q, k, v, g, states, final)
-        ctx.mark_non_differentiable(states)
+        # No states: every chunk's decay was 0 (flushed.py), the backward needs only the initial one.
+        ctx.flushed = states is None
+        ctx.save_for_backward(q, k, v, g, initial_state if ctx.flushed else states, final)
+        if not ctx.flushed:
+            ctx.mark_non_differentiable(states)
         # Unused outputs (always the states) reach backward as None, not as zero tensors filled for nothing.
         ctx.set_materialize_grads(False)
         ctx.scale, ctx.chunk_size, ctx.form = scale, chunk_size, form
@@ -147,40 +151,58 @@ class _GLAChunkFunction(torch.autograd.Function):
             grads = _compiled_backward(saved, chunk_size)
         else:
             parts = SubChunkParts(q, k, g, form, scale)
-            grads = _backward_body(parts, *saved, form.chunk)
+            grads = _backward_body(parts, *saved, form.chunk, ctx.flushed)
         return (*grads, None, None)
 
 
 def _forward_from_parts(parts, v, state, scale: float, chunk: int):
-    """(o [B, T, H, V], final state, entry states [B, H, N, K, V]) from a form's per-chunk tensors."""
+    """(o [B, T, H, V], final state, entry states [B, H, N, K, V], or None when every chunk's decay is 0)
+    from a form's per-chunk tensors."""
     v_c = chunked(v, chunk).contiguous()  # [B, H, N, C, V]
-    updates = bmm(parts.keys_exit.transpose(-1, -2), v_c)  # [B, H, N, K, V]: each chunk's keys at its end
+    if not compiling() and not parts.chunk_decay.any():
+        return (*flushed_forward(parts, v_c, state, scale), None)
+    # The sub-chunk form with a reach R < C hands only the chunk's last R keys and first R queries to the states.
+    exit_rows, entry_rows = parts.keys_exit.shape[-2], parts.queries_entry.shape[-2]
+    updates = bmm(parts.keys_exit.transpose(-1, -2), v_c[..., chunk - exit_rows :, :])  # [B, H, N, K, V]: each chunk's keys at its end
     states, final = scan_states(state, parts.chunk_decay, updates)
     # o = scores v + scale (q exp(b)) S_entry, the second added inside the batched matmul.
-    o = bmm(parts.queries_entry, states, add=bmm(parts.scores, v_c), alpha=scale).flatten(2, 3).transpose(1, 2)
+    o = bmm(parts.scores, v_c)
+    bmm(parts.queries_entry, states, add=o[..., :entry_rows, :], alpha=scale)
+    o = o.flatten(2, 3).transpose(1, 2)
     # Compiled, o is made contiguous: its gradient then arrives contiguous too, which the backward's torch.cond
     # branches (traced with contiguous operands) assert.
     return (o.contiguous() if compiling() else o), final, states
 
 
-def _backward_body(parts, q, k, v, g, states_before, final, grad_o, grad_final, scale, chunk: int):
-    """Gradients of q, k, v, g ([B, T, H, D] views) and of the initial state, through a form's parts."""
+def _backward_body(parts, q, k, v, g, states_before, final, grad_o, grad_final, scale, chunk: int, flushed: bool = False):
+    """Gradients of q, k, v, g ([B, T, H, D] views) and of the initial state, through a form's parts.
+    flushed: every chunk's decay is 0 and states_before is the initial state alone (flushed.py)."""
     v_c = chunked(v, chunk).contiguous()
     do = chunked(grad_o, chunk).contiguous()  # [B, H, N, C, V]
-    # State gradients, last chunk first: dS_n = exp(B_n) dS_{n+1} + scale (q exp(b))_n^T do_n.
-    from_outputs = bmm(parts.queries_entry.transpose(-1, -2), do, alpha=scale)  # [B, H, N, K, V]
-    grad_after, grad_state = reverse_scan(grad_final, parts.chunk_decay, from_outputs)  # of each exit state
     grad_scores = bmm(do, v_c.transpose(-1, -2)).tril_()  # [B, H, N, C, C]
-    grad_v = bmm(parts.keys_exit, grad_after, add=bmm(parts.scores.transpose(-1, -2), do))
-    grad_q, grad_k = parts.query_key_grads(grad_scores, do, states_before, v_c, grad_after, scale)
+    grad_v = bmm(parts.scores.transpose(-1, -2), do)
+    if flushed:
+        entry, exit_, grad_state = flushed_state_grads(parts, do, v_c, states_before, grad_final, grad_v, scale)
+    else:
+        exit_rows, entry_rows = parts.keys_exit.shape[-2], parts.queries_entry.shape[-2]  # C, or a sub-chunk form's reach
+        # State gradients, last chunk first: dS_n = exp(B_n) dS_{n+1} + scale (q exp(b))_n^T do_n.
+        from_outputs = bmm(parts.queries_entry.transpose(-1, -2), do[..., :entry_rows, :], alpha=scale)  # [B, H, N, K, V]
+        grad_after, grad_state = reverse_scan(grad_final, parts.chunk_decay, from_outputs)  # of each exit state
+        bmm(parts.keys_exit, grad_after, add=grad_v[..., chunk - exit_rows :, :])
+        entry = bmm(do[..., :entry_rows, :], states_before.transpose(-1, -2), alpha=scale)  # scale do S_entry^T
+        exit_ = bmm(v_c[..., chunk - exit_rows :, :], grad_after.transpose(-1, -2))  # v dS_exit^T
+    grad_q, grad_k = parts.query_key_grads(grad_scores, entry, exit_, scale)
 
     # g: scores depend on b_i - b_j only, so db = q dq - k dk; the chunk total B also scales the
     # exit state (exp(B) S_entry + keys_exit^T v, both linear in exp(B) per key channel's row).
     grad_b = torch.mul(grad_q, parts.q_c).addcmul_(grad_k, parts.k_c, value=-1.0)
     # The state after chunk n is the one entering n + 1 (the final state after the last): no cat.
     exit_terms = grad_b[..., -1, :]  # [B, H, N, K]
-    exit_terms[:, :, :-1] += (grad_after[:, :, :-1] * states_before[:, :, 1:]).sum(-1)
-    exit_terms[:, :, -1] += (grad_after[:, :, -1] * final).sum(-1)
+    if flushed:  # S_{n+1} = keys_exit^T v alone: sum_v dS_{n+1} S_{n+1} = sum over the exit rows of keys_exit (v dS^T)
+        exit_terms += (parts.keys_exit * exit_).sum(-2)
+    else:
+        exit_terms[:, :, :-1] += (grad_after[:, :, :-1] * states_before[:, :, 1:]).sum(-1)
+        exit_terms[:, :, -1] += (grad_after[:, :, -1] * final).sum(-1)
     grad_g = reverse_cumsum_(grad_b)  # b_i sums g_t for t <= i
 
     def back(x):  # [B, H, N, C, D] -> [B, T, H, D] (a view)

@@ -69,11 +69,12 @@ class FactorisedParts:
         self.chunk_decay = total.exp().transpose(-1, -2)  # [B, H, N, K, 1]
         self.scores = bmm(self.queries_entry, (self.keys_exit * self.rescale).transpose(-1, -2), alpha=scale).tril_()
 
-    def query_key_grads(self, grad_scores, do, states_before, v_c, grad_after, scale):
-        """(grad_q, grad_k) [B, H, N, C, K]: the part through the states plus the intra-chunk part, in
-        decayed units, then times the decays."""
-        grad_q = bmm(grad_scores, self.keys_exit * self.rescale, add=bmm(do, states_before.transpose(-1, -2)), alpha=scale, beta=scale)
+    def query_key_grads(self, grad_scores, entry, exit_, scale):
+        """(grad_q, grad_k) [B, H, N, C, K] from grad_scores [B, H, N, C, C] and the parts through the states,
+        entry = scale do S_entry^T and exit_ = v dS_exit^T [B, H, N, C, K] (added into, in place): the
+        intra-chunk part in decayed units, then times the decays."""
+        grad_q = bmm(grad_scores, self.keys_exit * self.rescale, add=entry, alpha=scale)
         grad_q.mul_(self.decay_in)
-        grad_k = bmm(grad_scores.transpose(-1, -2), self.queries_entry * self.rescale, add=bmm(v_c, grad_after.transpose(-1, -2)), alpha=scale)
+        grad_k = bmm(grad_scores.transpose(-1, -2), self.queries_entry * self.rescale, add=exit_, alpha=scale)
         grad_k.mul_(self.decay_out)
         return grad_q, grad_k

@@ -24,6 +24,13 @@ of levels, log2(C / h)), never an explicit [C, C, K] decay tensor.
 
 Chunks of at most MAX_CHUNK (32) tokens: one level fewer than 64, for twice the state steps.
 
+The reach (`plan`): when every aligned R-token block decays below e^-state_flush in every channel (gates that
+wipe the state: R = 4 or 8), a term between tokens that a whole R-block separates is below the terms the
+state flush already drops (a chunk decay below e^-60 is 0). Then a level of size s > R keeps only the R
+rows after its split and the R columns before it, and the state only each chunk's first R queries and last
+R keys; every chunk's decay is 0, so the state path is flushed.py's. Levels and state matmuls shrink by
+up to C / R; the plan checks the bound on the gates once per call (a few reductions over b).
+
 Denormals: every exp argument is clamped above -87 (exp's slow path) and every factor tensor built here
 (E, the block scales, the chunk's decay) is a normal number or zero: a level's row scale below e^-25 and
 a column factor below e^-86 (e^-25 for h = 2) are clamped there, which changes terms below e^-25 of
@@ -64,6 +71,9 @@ LIMITS = {torch.float32: Limits(60.0, 86.0, 60.0), torch.float64: Limits(600.0, 
 class SubChunkPlan:
     chunk: int  # C: tokens per chunk, a power of two
     block: int  # h: tokens per diagonal block, a power of two from 2 to C/2
+    # R: a power of two from h to C; below C, every aligned R-token block decays below e^-state_flush in
+    # every channel, so no term reaches across a whole one (`SubChunkParts`); None: C, nothing dropped.
+    reach: int | None = None
 
 
 def internal_chunk(chunk_size: int) -> int:
@@ -77,19 +87,31 @@ def strongest_plan(chunk_size: int) -> SubChunkPlan:
 
 
 def plan(b: torch.Tensor, chunk: int) -> SubChunkPlan:
-    """The largest h whose blocks all decay by at most e^block_range, from b [..., C', K], the log gates
-    summed from each chunk's start (scan.cumulative_gates at any C' that `chunk` divides), at a chunk of
-    at most MAX_CHUNK. Eager only: the block totals are differences of b's running sums, good enough to
-    compare with the limit."""
-    limit = LIMITS[b.dtype].block_range
+    """The largest h whose blocks all decay by at most e^block_range, and the shortest reach R, from b
+    [..., C', K], the log gates summed from each chunk's start (scan.cumulative_gates at any C' that `chunk`
+    divides), at a chunk of at most MAX_CHUNK. Eager only: the block totals are differences of b's running
+    sums, good enough to compare with the limits."""
+    limits = LIMITS[b.dtype]
     chunk = min(chunk, MAX_CHUNK)
-    size = chunk // 2
-    while size > SMALLEST_BLOCK:
-        ends = b[..., size - 1 :: size, :]  # the running sum at each block's end
-        if ends[..., :1, :].amin() >= -limit and (ends[..., 1:, :] - ends[..., :-1, :]).amin() >= -limit:
-            return SubChunkPlan(chunk, size)
-        size //= 2
-    return strongest_plan(chunk)
+    block = chunk // 2
+    while block > SMALLEST_BLOCK and _block_totals(b, block, torch.amin) < -limits.block_range:
+        block //= 2
+    # The reach: gates that wipe the state (-1000 u per step) decay by far more than e^-60 over any 4 or 8
+    # tokens; terms across such a block are below what the state flush already drops (module docstring).
+    reach = block
+    while reach < chunk and _block_totals(b, reach, torch.amax) > -limits.state_flush:
+        reach *= 2
+    return SubChunkPlan(chunk, block, None if reach >= chunk else reach)
+
+
+def _block_totals(b: torch.Tensor, size: int, reduce) -> float:
+    """reduce (amin or amax) over every aligned size-token block's total decay, from b's running sums."""
+    ends = b[..., size - 1 :: size, :]  # the running sum at each block's end
+    first = reduce(ends[..., :1, :]).item()
+    if ends.shape[-2] == 1:
+        return first
+    rest = reduce(ends[..., 1:, :] - ends[..., :-1, :]).item()
+    return min(first, rest) if reduce is torch.amin else max(first, rest)
 
 
 def block_prefix(g_c: torch.Tensor, block: int) -> torch.Tensor:
@@ -143,6 +165,16 @@ def _block_view(scores: torch.Tensor, size: int, diagonal: bool) -> torch.Tensor
     return grid.permute(0, 3, 1, 2)
 
 
+def _level_view(scores: torch.Tensor, size: int, width: int) -> torch.Tensor:
+    """The lower-left blocks of a level (`_block_view`), only their `width` rows and columns next to the split."""
+    level = _block_view(scores, size, diagonal=False)
+    return level if width == size else level[..., :width, size - width :]
+
+
+def _width(rows: torch.Tensor) -> int:  # a level's rows [M, C/2s, s/h or R/h, h, K]: tokens kept per half
+    return rows.shape[-3] * rows.shape[-2]
+
+
 def _stacked(products: torch.Tensor, size: int) -> torch.Tensor:
     """[P, span, span] -> a view [P, span/size, size, size] of its diagonal blocks of `size`."""
     span = products.shape[-1]
@@ -155,7 +187,12 @@ def _new(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     would otherwise follow the view's)."""
     if compiling():
         return op(a, b).contiguous()
-    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
+    # The shape by hand: torch.broadcast_shapes (Python, torch._refs) takes 20 us a call here, a few times
+    # per level.
+    pad = a.dim() - b.dim()
+    a_shape, b_shape = (1,) * -pad + tuple(a.shape), (1,) * pad + tuple(b.shape)
+    shape = tuple(x if y == 1 else y for x, y in zip(a_shape, b_shape))
+    out = torch.empty(shape, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
     return op(a, b, out=out)
 
 
@@ -184,8 +221,9 @@ class SubChunkParts:
         floor, tiny = limits.exp_floor, math.exp(-limits.exp_floor)
         if self.smallest:  # E: exp(g) for the first of a pair, exp(g_first + g_second) for the second
             pairs = g_c.unflatten(-2, (-1, 2))
-            clamped = pairs.clamp(min=-limits.state_flush - 1.0)
-            if not compiling():  # into a new contiguous tensor (the view's layout would follow g's)
+            if compiling():
+                clamped = pairs.clamp(min=-limits.state_flush - 1.0)
+            else:  # into a new contiguous tensor (the view's layout would follow g's)
                 clamped = torch.clamp(pairs, min=-limits.state_flush - 1.0, out=torch.empty(pairs.shape, dtype=g.dtype, device=g.device))
             self.factor = clamped.contiguous().view(self.blocks).exp_()
             self.step = self.factor[..., 1, :].clone()  # exp(g_{2a+1}): the first's key to the pair's end
@@ -208,34 +246,39 @@ class SubChunkParts:
             level_floor = floor - limits.block_range
         level_tiny = math.exp(-level_floor)
 
+        # With a reach R < C, a level of size s > R keeps the R tokens on each side of its split (the rest
+        # cross a whole R-block: below e^-state_flush), and the state only the chunk's first R queries and
+        # last R keys; its decay is then 0 (`scan_states` copies).
+        reach = plan.reach or chunk
         self.levels = []  # (size, rows, cols, row scale or None, column scale or None), smallest first
         for size, before, after, *last in _products(decay, chunk, block, floor):
             if last:
                 break
             halves = (flat, chunk // (2 * size), 2, size // block, key_dim)
+            used = min(size, reach) // block  # the blocks of each half next to the split
+            right, left = (slice(None), slice(None), 1, slice(None, used)), (slice(None), slice(None), 0, slice(size // block - used, None))
             q_halves, k_halves = self.queries.view(*halves[:4], block, key_dim), self.keys.view(*halves[:4], block, key_dim)
             # rows: Qb times the decays of the right half's blocks before theirs; columns: the keys to their
             # block's end (times exp(T) when they are relative to its start), times those after theirs
-            row_scale = None if size == block else before.view(halves)[:, :, 1].clamp(min=level_tiny).unsqueeze(-2)
-            col_scale = after.view(halves)[:, :, 0]
+            row_scale = None if size == block else before.view(halves)[right].clamp(min=level_tiny).unsqueeze(-2)
+            col_scale = after.view(halves)[left]
             if not self.smallest:
-                col_scale = col_scale * decay.view(halves)[:, :, 0]
+                col_scale = col_scale * decay.view(halves)[left]
             col_scale = None if self.smallest and size == block else col_scale.clamp(min=level_tiny if self.smallest else tiny).unsqueeze(-2)
-            rows = q_halves[:, :, 1] if row_scale is None else _new(torch.mul, q_halves[:, :, 1], row_scale)
-            cols = k_halves[:, :, 0] if col_scale is None else _new(torch.mul, k_halves[:, :, 0], col_scale)
-            if self._span(size) != size:  # stacked: the views of every other block are copied
+            rows = q_halves[right] if row_scale is None else _new(torch.mul, q_halves[right], row_scale)
+            cols = k_halves[left] if col_scale is None else _new(torch.mul, k_halves[left], col_scale)
+            if self._span(size, used * block) != used * block:  # stacked: the views of every other block are copied
                 rows, cols = rows.contiguous(), cols.contiguous()
             self.levels.append((size, rows, cols, row_scale, col_scale))
 
         # The state: entry factor E exp(P), 0 below e^-86 (P: the blocks before in the chunk), exit keys times
         # the decays of the blocks after, the chunk's decay exp(B) (0 below e^-state_flush).
-        total = last[0]
-        self.before = before.unsqueeze(-2)  # [M, C/h, 1, K]: q exp(b) = Qb times this
-        exit_scale = after if self.smallest else after * decay
-        self.exit_scale = exit_scale.clamp_(min=level_tiny if self.smallest else tiny).unsqueeze(-2)  # [M, C/h, 1, K]
-        full = (*self.lead, chunk, key_dim)
-        self.queries_entry = (self.queries * self.before).view(full)
-        self.keys_exit = (self.keys * self.exit_scale).view(full)
+        total, ends = last[0], reach // block
+        self.before = before[:, :ends].unsqueeze(-2)  # [M, R/h, 1, K]: q exp(b) = Qb times this
+        exit_scale = after[:, -ends:] if self.smallest else after[:, -ends:] * decay[:, -ends:]
+        self.exit_scale = exit_scale.clamp_(min=level_tiny if self.smallest else tiny).unsqueeze(-2)  # [M, R/h, 1, K]
+        self.queries_entry = (self.queries[:, :ends] * self.before).view(*self.lead, reach, key_dim)
+        self.keys_exit = (self.keys[:, -ends:] * self.exit_scale).view(*self.lead, reach, key_dim)
         decay = torch.nn.functional.threshold(total, math.exp(-limits.state_flush), 0.0)
         self.chunk_decay = decay.view(*self.lead, key_dim, 1)
         self.scores = self._assemble()
@@ -253,20 +296,23 @@ class SubChunkParts:
             diagonal = bmm(self.queries.view(-1, block, key_dim), self.keys.view(-1, block, key_dim).transpose(-1, -2), alpha=self.scale).tril_()
             _block_view(scores, block, diagonal=True).copy_(diagonal.view(flat, -1, block, block))
         for size, rows, cols, _, _ in self.levels:
-            span = self._span(size)
+            width = _width(rows)
+            span = self._span(size, width)
             products = bmm(rows.reshape(-1, span, key_dim), cols.reshape(-1, span, key_dim).transpose(-1, -2), alpha=self.scale)
-            _block_view(scores, size, diagonal=False).unflatten(1, (-1, span // size)).copy_(_stacked(products, size).unflatten(0, (flat, -1)))
+            _level_view(scores, size, width).unflatten(1, (-1, span // width)).copy_(_stacked(products, width).unflatten(0, (flat, -1)))
         return scores.view(*self.lead, chunk, chunk)
 
-    def _span(self, size: int) -> int:
-        """Rows per product of a level: small levels' pairs are stacked STACK at a time into one product
-        (its diagonal blocks are the pairs' products): a batched 2 x 2 matmul costs more than a 16 x 16 here."""
-        return max(size, min(STACK, self.plan.chunk // 2))
+    def _span(self, size: int, width: int) -> int:
+        """Rows per product of a level (width rows on each side of every split): small levels' pairs are stacked
+        up to STACK rows into one product (its diagonal blocks are the pairs' products): a batched 2 x 2 matmul
+        costs more than a 16 x 16 here."""
+        return max(width, min(STACK, self.plan.chunk // (2 * size) * width))
 
-    def query_key_grads(self, grad_scores, do, states_before, v_c, grad_after, scale):
-        """(grad_q, grad_k) [B, H, N, C, K] from grad_scores [B, H, N, C, C] (do v^T, lower triangle),
-        do [B, H, N, C, V], the entry states, v and the exit states' gradients [B, H, N, K, V]: collected in
-        the units of Qb and of the keys, each level's part times its scale, then in q's and k's own units."""
+    def query_key_grads(self, grad_scores, entry, exit_, scale):
+        """(grad_q, grad_k) [B, H, N, C, K] from grad_scores [B, H, N, C, C] (do v^T, lower triangle) and the
+        parts through the states, entry = scale do S_entry^T of the first R rows and exit_ = v dS_exit^T of the
+        last R rows [B, H, N, R, K]: collected in the units of Qb and of the keys, each level's part times its
+        scale, then in q's and k's own units."""
         chunk, block = self.plan.chunk, self.plan.block
         flat, key_dim = self.blocks[0], self.blocks[-1]
         grads = grad_scores.reshape(flat, chunk, chunk)
@@ -281,25 +327,27 @@ class SubChunkParts:
             grad_queries = bmm(on_diagonal, self.keys.view(-1, block, key_dim), alpha=scale).view(self.blocks)
             grad_keys = bmm(on_diagonal.transpose(-1, -2), self.queries.view(-1, block, key_dim), alpha=scale).view(self.blocks)
         for size, rows, cols, row_scale, col_scale in self.levels:
-            span = self._span(size)
-            level = _block_view(grads, size, diagonal=False)  # [M, C/2s, s, s]
-            if span == size:
-                level = level.reshape(-1, size, size)
+            width = _width(rows)
+            span = self._span(size, width)
+            level = _level_view(grads, size, width)  # [M, C/2s, w, w]
+            if span == width:
+                level = level.reshape(-1, width, width)
             else:  # the pairs' gradients on the diagonal of one product per `span` rows
-                stacked = grads.new_zeros(flat * chunk // (2 * span), span, span)
-                _stacked(stacked, size).copy_(level.unflatten(1, (-1, span // size)).flatten(0, 1))
+                stacked = grads.new_zeros(flat * chunk // (2 * size) * width // span, span, span)
+                _stacked(stacked, width).copy_(level.unflatten(1, (-1, span // width)).flatten(0, 1))
                 level = stacked
             grad_rows = bmm(level, cols.reshape(-1, span, key_dim), alpha=scale).view(cols.shape)
             grad_cols = bmm(level.transpose(-1, -2), rows.reshape(-1, span, key_dim), alpha=scale).view(cols.shape)
             halves = (flat, chunk // (2 * size), 2, size // block, block, key_dim)
-            into_rows, into_cols = grad_queries.view(halves)[:, :, 1], grad_keys.view(halves)[:, :, 0]
+            used = width // block
+            into_rows, into_cols = grad_queries.view(halves)[:, :, 1, :used], grad_keys.view(halves)[:, :, 0, size // block - used :]
             into_rows.add_(grad_rows) if row_scale is None else into_rows.addcmul_(grad_rows, row_scale)
             into_cols.add_(grad_cols) if col_scale is None else into_cols.addcmul_(grad_cols, col_scale)
         # through the exit keys (the keys times their exit scale) and the entry queries (q times its factor)
-        exit_ = bmm(v_c, grad_after.transpose(-1, -2)).view(self.blocks)  # [M, C/h, h, K]
-        grad_keys.addcmul_(exit_, self.exit_scale)
-        entry = bmm(do, states_before.transpose(-1, -2), alpha=scale).view(self.blocks)
-        grad_q = grad_queries.addcmul_(entry, self.before).mul_(self.factor).view(*self.lead, *self.blocks[1:])
+        exit_, entry = exit_.reshape(flat, -1, block, key_dim), entry.reshape(flat, -1, block, key_dim)  # [M, R/h, h, K]
+        grad_keys[:, -exit_.shape[1] :].addcmul_(exit_, self.exit_scale)
+        grad_queries[:, : entry.shape[1]].addcmul_(entry, self.before)
+        grad_q = grad_queries.mul_(self.factor).view(*self.lead, *self.blocks[1:])
         if self.smallest:
             grad_k = grad_keys
             grad_k[..., 0, :].mul_(self.step)
