@@ -77,6 +77,7 @@ class Engine(BatchPrefill):
         # run once the prefill is copied into them.
         self._pending_forks: dict[str, _Request] = {}
         self._prefilling: dict[str, PrefillJob] = {}  # admitted, prompt partly prefilled (engine_prefill.py)
+        self._long_waited = False  # a long prompt got no prefill last step: it is offered this one (short_first)
         self._step_count = 0
 
         self._decoder = CompiledDecode(adapter, self.backend, config.max_seqs, self.device)

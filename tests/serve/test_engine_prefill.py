@@ -189,6 +189,32 @@ def test_short_prompts_are_offered_the_budget_before_one_long_prompt():
     assert short_first([2000, 100, 30], 512) == [1, 2, 0], "short ones first, oldest first; then the long one"
     assert short_first([2000, 3000, 100], 512) == [2, 0], "one long prompt at a time: the oldest"
     assert short_first([2000, 100], 0) == [0, 1] and short_first([2000, 100], None) == [0, 1], "off: first come, first served"
+    # The long one was offered last step: it sits this one out while short ones wait, never two steps in a row.
+    assert short_first([2000, 100, 30], 512, long_waited=False) == [1, 2]
+    assert short_first([2000], 512, long_waited=False) == [0], "alone, the long one always goes"
+
+
+def test_a_long_prompt_sits_out_the_short_prompts_steps_but_never_two_in_a_row():
+    # Sustained short traffic: a new 6-token prompt before every step, a 50-token prompt at 16 tokens a step.
+    adapter = _adapter("qwen3")
+    engine = _engine(adapter, max_prefill_tokens=16, max_len=96, long_prefill_token_threshold=16)
+    long = _prompts(adapter.args.vocab_size, [50])[0]
+    engine.add_request("long", long, max_tokens=1)
+    engine.step()  # the long prompt's first 16 tokens
+    progress, late, step = [], [], 0
+    while "long" in engine._prefilling:
+        step += 1
+        engine.add_request(f"short-{step}", _prompts(adapter.args.vocab_size, [6])[0], max_tokens=1)
+        done_before = engine._prefilling["long"].done
+        firsts = {event.request_id for event in engine.step()}
+        job = engine._prefilling.get("long")
+        progress.append(job is None or job.done > done_before)
+        late += [] if f"short-{step}" in firsts else [step]
+        if not progress[-1]:
+            assert firsts == {f"short-{step}"}, "the step the long one sat out was the short one's alone"
+    assert late == [], "every short prompt had its first token in the step after it arrived"
+    assert all(progress[i] or progress[i + 1] for i in range(len(progress) - 1)), progress
+    assert progress.count(False) >= 1, "it did sit out a short prompt's step"
 
 
 @pytest.mark.parametrize("threshold", [16, 0])
