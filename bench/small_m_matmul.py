@@ -25,6 +25,7 @@ import torch
 from assay.core.files import atomic_write_json
 from assay.core.metrics import measure_peak_flops
 from assay.core.output import print_table
+from serve_speed import read_rate  # the floors' read rate, measured the same way
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DIM, HIDDEN, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152  # SmolLM2-135M: [out, in] weight shapes below
@@ -39,11 +40,6 @@ def best_of(fn, repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - start)
     return best
-
-
-def read_rate() -> float:
-    x = torch.ones(256 * 2**20 // 4)
-    return x.numel() * 4 / best_of(x.sum, 5)
 
 
 def run(dtype: torch.dtype, rows: list[int], repeats: int, peak: float, read: float) -> list[dict]:
