@@ -137,14 +137,26 @@ def save_checkpoint(
 
 
 def _interruption(error: BaseException) -> BaseException | None:
-    """The interruption (SIGTERM's Terminated, Ctrl-C's KeyboardInterrupt: a BaseException that is no
-    Exception) that DCP caught inside its save or load and wrapped, with each rank's failure, into a
-    CheckpointException; None for any other error. Raised again as itself, the CLI ends the command with
+    """The interruption (SIGTERM's Terminated, Ctrl-C's KeyboardInterrupt) that DCP caught inside its save
+    or load and wrapped, with each rank's failure, into a CheckpointException, or that another error
+    replaced while it unwound; None for any other error. Raised again as itself, the CLI ends the command with
     its one line and exit status (143, 130) instead of a CheckpointException's traceback."""
-    for failure in (getattr(error, "failures", None) or {}).values():
-        cause = failure[0] if isinstance(failure, tuple) and failure else failure
-        if isinstance(cause, BaseException) and not isinstance(cause, Exception):
-            return cause
+    from assay.core.cli import Terminated
+
+    causes = [failure[0] if isinstance(failure, tuple) and failure else failure
+              for failure in (getattr(error, "failures", None) or {}).values()]
+    if isinstance(error, Exception):  # not DCP's wrapper (a BaseException): the error itself, e.g. from torch.save
+        causes.append(error)
+    for cause in causes:
+        # The interruption may sit in a failure's context chain: SIGTERM inside torch.save's zip writer leaves
+        # a half-written record, and the writer's __exit__ then raises a RuntimeError ("unexpected pos")
+        # while the Terminated unwinds (seen once in a clean-clone CI run).
+        seen = set()
+        while isinstance(cause, BaseException) and id(cause) not in seen:
+            if isinstance(cause, (Terminated, KeyboardInterrupt)):
+                return cause
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
     return None
 
 

@@ -172,3 +172,27 @@ def test_sigterm_inside_a_checkpoint_write_ends_with_one_line_and_keeps_the_prev
     monkeypatch.setattr(fs.FileSystemReader, "read_data", interrupted_read_data)
     with pytest.raises(KeyboardInterrupt):
         load_checkpoint(folder / "step-000001", loaded.model, optimizer, layout)
+
+
+def test_an_interruption_found_behind_the_error_that_replaced_it():
+    # SIGTERM inside torch.save's zip writer: the writer's __exit__ raises a RuntimeError while the Terminated
+    # unwinds, and DCP wraps that RuntimeError in a CheckpointException (a clean-clone CI run saw exit 1).
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from assay.core.cli import Terminated
+    from assay.train.checkpoint import _interruption
+
+    def replaced() -> RuntimeError:
+        try:
+            try:
+                raise Terminated()
+            finally:
+                raise RuntimeError("unexpected pos 704 vs 598")
+        except RuntimeError as error:
+            return error
+
+    hidden = replaced()
+    assert isinstance(_interruption(CheckpointException("save", {0: (hidden, None)})), Terminated)
+    assert isinstance(_interruption(hidden), Terminated)  # torch.save outside DCP: the error itself
+    assert _interruption(CheckpointException("save", {0: (RuntimeError("disk"), None)})) is None
+    assert _interruption(OSError("no space")) is None
