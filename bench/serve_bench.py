@@ -52,7 +52,7 @@ def interleaved_token_cost(model_path: str, batch: int = 8, tokens: int = 64, ro
     import torch
 
     from assay.serve import Engine, EngineConfig
-    from assay.serve.adapters import load_adapter
+    from assay.serve.runner.weights import load_adapter
     from assay.serve.bench import corpus_token_ids, make_prompts
 
     folder = Path(model_path)

@@ -32,7 +32,7 @@ def outcome_class(outcome: str) -> str:
 
 def record_bytes(count: int = 5000) -> dict[str, float]:
     """Bytes one decode-step record and one finished request's timing take, as the engine keeps them."""
-    from assay.serve.accounting import RECENT, RequestTiming, StepRecord
+    from assay.serve.engine.stats import RECENT, RequestTiming, StepRecord
 
     tracemalloc.start()
     try:

@@ -156,7 +156,7 @@ def top_ops(fn, rows: int = 15) -> list[dict]:
 def run(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from assay.serve.adapters import load_adapter
+    from assay.serve.runner.weights import load_adapter
 
     folder = Path(args.model)
     facts = model_facts(folder)

@@ -91,7 +91,7 @@ def summary(values: list[float]) -> dict:
 
 def run(args) -> dict:
     from assay.serve import Engine, EngineConfig
-    from assay.serve.adapters import load_adapter
+    from assay.serve.runner.weights import load_adapter
     from assay.serve.bench import corpus_token_ids, make_prompts
 
     folder = Path(args.model)

@@ -27,7 +27,7 @@ from torch import nn
 
 from assay.core.errors import AssayError
 from assay.models import ARCH_PACKAGES  # noqa: F401  (public here too)
-from assay.models.serving import CacheSpec, ModelAdapter
+from assay.models.slots import CacheSpec, ModelAdapter
 
 # Where the built-in entries live: ARCH_PACKAGES (assay/models/__init__.py, torch-free there so that --help
 # texts can name them). Adding an architecture: a folder, its register(...) call, one line there.

@@ -13,20 +13,16 @@ from assay.core.lazy import lazy_exports
 
 # Names load on first use: `assay --help` imports assay.serve.commands without importing torch.
 _EXPORTS = {
-    "EngineStats": "assay.serve.accounting",
-    "StepRecord": "assay.serve.accounting",
-    "ADAPTERS": "assay.serve.adapters",
-    "ModelAdapter": "assay.serve.adapters",
-    "load_adapter": "assay.serve.adapters",
-    "Engine": "assay.serve.engine",
-    "EngineConfig": "assay.serve.engine",
-    "QueueFull": "assay.serve.engine",
-    "TokenEvent": "assay.serve.engine",
-    "run_to_completion": "assay.serve.engine",
-    "SlotPool": "assay.serve.pool",
-    "DEFAULT_BUCKETS": "assay.serve.scheduler",
-    "decode_width": "assay.serve.scheduler",
-    "parse_buckets": "assay.serve.scheduler",
+    "Engine": "assay.serve.engine.engine",
+    "run_to_completion": "assay.serve.engine.engine",
+    "EngineConfig": "assay.serve.engine.config",
+    "QueueFull": "assay.serve.engine.config",
+    "TokenEvent": "assay.serve.engine.config",
+    "EngineStats": "assay.serve.engine.stats",
+    "StepRecord": "assay.serve.engine.stats",
+    "SlotPool": "assay.serve.runner.pool",
+    "load_adapter": "assay.serve.runner.weights",
+    "ModelAdapter": "assay.serve.runner.weights",
 }
 
 __all__ = sorted(_EXPORTS)

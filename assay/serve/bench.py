@@ -27,8 +27,9 @@ from typing import Iterator
 import torch
 
 from assay.core.errors import AssayError
-from assay.serve.engine import Engine, EngineConfig
-from assay.serve.scheduler import DEFAULT_BUCKETS
+from assay.serve.engine.config import EngineConfig
+from assay.serve.engine.engine import Engine
+from assay.serve.engine.scheduler import DEFAULT_BUCKETS
 
 ARRIVALS = ("poisson", "burst", "fixed")
 MODES = ("buckets", "none", "eager")
@@ -78,7 +79,7 @@ class ServeBenchRequest:
             raise AssayError("--concurrency: expected positive counts such as 1,8,32,64")
         if self.time_limit_s <= 0:
             raise AssayError(f"--time-limit must be positive, got {self.time_limit_s}")
-        from assay.serve.adapters import weight_dtype
+        from assay.serve.runner.weights import weight_dtype
 
         weight_dtype(self.dtype)
 
@@ -242,8 +243,8 @@ def run_serve_bench(request: ServeBenchRequest, progress: bool = True) -> ServeB
     from assay.core.device import resolve_device
     from assay.core.progress import progress_bar
     from assay.models.hf_checkpoint import checkpoint_dir
-    from assay.serve.adapters import load_adapter
-    from assay.serve.sizing import check_max_len
+    from assay.serve.runner.weights import load_adapter
+    from assay.serve.runner.sizing import check_max_len
 
     device = resolve_device(request.device)
     folder = checkpoint_dir(request.model)

@@ -51,7 +51,7 @@ def serve_bench_command(
     from assay.core.files import atomic_write_json
     from assay.core.output import print_json, print_table
     from assay.serve.bench import SUMMARY_COLUMNS, ServeBenchRequest, plot_serve_bench, run_serve_bench
-    from assay.serve.scheduler import parse_buckets
+    from assay.serve.engine.scheduler import parse_buckets
 
     quiet_libraries()
     request = ServeBenchRequest(

@@ -47,7 +47,8 @@ def serve_command(
     # The checkpoint (config, weights header, tokenizer: the HTTP API takes and returns text) before
     # anything is imported or loaded.
     check_checkpoint(model)
-    from assay.serve.server import ServeRequest, check_request, engine_config, serve
+    from assay.serve.launch import serve
+    from assay.serve.settings import ServeRequest, check_request, engine_config
 
     request = ServeRequest(
         model=model, device=device, backend=backend, max_seqs=max_seqs, buckets=buckets, no_buckets=no_buckets, eager=eager,

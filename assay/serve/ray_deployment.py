@@ -51,8 +51,9 @@ class EngineReplica:
     def __init__(self, request: dict):
         from assay.core.cli import quiet_libraries
         from assay.models.hf_checkpoint import checkpoint_dir
-        from assay.serve.routes import create_app
-        from assay.serve.server import ServeRequest, engine_config, load_engine
+        from assay.serve.http.app import create_app
+        from assay.serve.launch import load_engine
+        from assay.serve.settings import ServeRequest, engine_config
 
         quiet_libraries()
         serve_request = ServeRequest(**request)
@@ -114,7 +115,7 @@ def serve_with_ray(request, replicas: int, announce=print) -> None:
     then shut Serve down (and the local instance, when this process started it)."""
     ray, serve = _import_serve()
     from assay.serve import ray_metrics
-    from assay.serve.server import check_request, engine_config
+    from assay.serve.settings import check_request, engine_config
 
     check_request(request)
     engine_config(request)  # bad flags fail before Ray starts

@@ -107,6 +107,6 @@ def start_reporter(ray, board_handle, replica_id: str, snapshot) -> threading.Ev
 
 async def scrape_all(board_handle) -> bytes:
     """The Prometheus text of every replica's metrics, summed (what /metrics answers under Ray Serve)."""
-    from assay.serve.metrics import render_sum
+    from assay.serve.http.metrics import render_sum
 
     return render_sum(await board_handle.scrape.remote())

@@ -124,7 +124,7 @@ def test_transformers_generate_and_the_engine_carry_the_conv_state(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from assay.serve import Engine, EngineConfig, run_to_completion
-    from assay.serve.adapters import load_adapter
+    from assay.serve.runner.weights import load_adapter
 
     model = _model()
     export_hf(model, ARGS, tmp_path)

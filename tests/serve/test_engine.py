@@ -13,13 +13,14 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.numerics import rel_error, tolerance
 from assay.serve import Engine, EngineConfig, QueueFull, run_to_completion
-from assay.serve.adapters import GLAAdapter, load_adapter
+from assay.models.slots import StateAdapter
+from assay.serve.runner.weights import load_adapter
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [100, 200, 300, 400, 500, 600, 700], [42], [17, 18, 19, 20, 21, 22], [900, 3]]
 
 
 @pytest.fixture(scope="module")
-def gla(zoo_dir) -> GLAAdapter:
+def gla(zoo_dir) -> StateAdapter:
     return load_adapter(zoo_dir / "gla", torch.device("cpu"), 64)
 
 
@@ -320,9 +321,9 @@ def test_without_max_len_a_kv_slot_stops_at_the_model_positions_and_fits_the_fre
     assert engine.stats().memory.max_len == engine.adapter.max_positions() == 2048
     per_position = engine.adapter.state_bytes_per_sequence(torch.float32, 1)
     # The machine's free-memory reading set so that half of it holds 3 slots (2 + scratch) of 600 positions.
-    monkeypatch.setattr("assay.serve.sizing.free_memory_bytes", lambda device: 2 * 3 * 600 * per_position)
+    monkeypatch.setattr("assay.serve.runner.sizing.free_memory_bytes", lambda device: 2 * 3 * 600 * per_position)
     assert Engine.from_checkpoint(zoo_dir / "llama", config).stats().memory.max_len == 512  # rounded down to 256s
-    monkeypatch.setattr("assay.serve.sizing.free_memory_bytes", lambda device: 2 * 3 * 100 * per_position)
+    monkeypatch.setattr("assay.serve.runner.sizing.free_memory_bytes", lambda device: 2 * 3 * 100 * per_position)
     with pytest.raises(AssayError, match="lower --max-seqs"):
         Engine.from_checkpoint(zoo_dir / "llama", config)
     # An explicit --max-len is kept, and refused with its size when the pool cannot fit at all.

@@ -19,7 +19,7 @@ import torch
 from assay.core.numerics import assert_close
 from assay.models import registry
 from assay.serve import Engine, EngineConfig, run_to_completion
-from assay.serve.engine_prefill import plan_chunks, short_first
+from assay.serve.engine.prefill import plan_chunks, short_first
 
 # Lengths padded to 40 stay within the padding cap, so one call takes them all; most pass Gemma 3's window of 8.
 LENGTHS = [40, 9, 33, 26, 38]

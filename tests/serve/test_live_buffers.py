@@ -17,7 +17,7 @@ import torch
 from assay.core.numerics import assert_close
 from assay.models import registry
 from assay.models.common.kv_cache import GROUP_COST, row_groups
-from assay.models.serving import LIVE_GRAIN
+from assay.models.slots import LIVE_GRAIN
 
 MAX_LEN = 3 * LIVE_GRAIN
 

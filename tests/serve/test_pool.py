@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from assay.core.errors import AssayError
-from assay.serve.pool import SlotPool
-from assay.serve.scheduler import check_buckets, decode_width, parse_buckets, warm_up_widths
+from assay.serve.runner.pool import SlotPool
+from assay.serve.engine.scheduler import check_buckets, decode_width, parse_buckets, warm_up_widths
 
 
 def _pool(max_seqs: int) -> SlotPool:

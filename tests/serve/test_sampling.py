@@ -11,7 +11,7 @@ import torch
 
 from assay.core.errors import AssayError
 from assay.serve import Engine, EngineConfig, SlotPool, run_to_completion
-from assay.serve.sampling import Sampling, prompt_logprobs, sample_tokens, token_logprobs
+from assay.serve.engine.sampling import Sampling, prompt_logprobs, sample_tokens, token_logprobs
 
 # Probabilities 0.4, 0.3, 0.15, 0.1, 0.05 (and tokens 5..7 almost never): top_k and top_p cut known sets.
 PROBS = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05, 1e-9, 1e-9, 1e-9], dtype=torch.float64)

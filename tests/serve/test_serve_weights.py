@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from assay.core.numerics import rel_error, tolerance
-from assay.serve.engine import EngineConfig
-from assay.serve.server import ServeRequest, load_engine
+from assay.serve.engine.config import EngineConfig
+from assay.serve.launch import load_engine
+from assay.serve.settings import ServeRequest
 
 PROMPT = [5, 17, 42, 99, 3, 64, 7, 250]
 
@@ -147,7 +148,7 @@ def test_engine_from_checkpoint_takes_the_weights_dtype_and_refuses_a_slot_past_
     # The Python API holds the same rules as the CLI: EngineConfig.dtype casts the weights, and a max_len
     # past max_position_embeddings (2,048, no rope scaling) is refused before anything loads.
     from assay.core.errors import AssayError
-    from assay.serve.engine import Engine
+    from assay.serve.engine.engine import Engine
 
     engine = Engine.from_checkpoint(zoo_dir / "qwen3", EngineConfig(max_seqs=1, buckets=(1,), eager=True, max_len=64, dtype="bfloat16"))
     assert {param.dtype for param in engine.adapter.model.parameters()} == {torch.bfloat16}

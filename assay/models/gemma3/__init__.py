@@ -15,7 +15,7 @@ from assay.models.gemma3.model import Gemma3
 from assay.models.gemma3.parallelize import tp_plan, tp_sizes
 from assay.models.gemma3.state_dict_adapter import Gemma3StateDictAdapter
 from assay.models.registry import ArchSpec, register
-from assay.models.serving import KV_CACHE
+from assay.models.slots import KV_CACHE
 
 # "tiny" has the zoo's sizes (its tokenizer's 1024 tokens) with one layer of each kind and an 8-token window,
 # so tests cross the window within a few tokens. The others are the published config.json files' text part.

@@ -19,7 +19,7 @@ from assay.models.gla.model import GLA, State
 from assay.models.gla.parallelize import tp_plan, tp_sizes
 from assay.models.gla.state_dict_adapter import GLAStateDictAdapter, from_hf, to_hf
 from assay.models.registry import ArchSpec, register
-from assay.models.serving import FIXED_STATE, state_bytes
+from assay.models.slots import FIXED_STATE, state_bytes
 
 # "tiny" has the zoo's sizes (hidden 64, 2 layers, 4 heads, SwiGLU 128, the zoo tokenizer's 1024 tokens).
 # "1.3B" is fla-hub/gla-1.3B-100B's config.json. "3B" is the fixed-state reference (3.028B parameters,

@@ -15,7 +15,7 @@ from assay.models.llama.model import Llama
 from assay.models.llama.parallelize import tp_plan, tp_sizes
 from assay.models.llama.state_dict_adapter import LlamaStateDictAdapter, from_hf, to_hf
 from assay.models.registry import ArchSpec, register
-from assay.models.serving import KV_CACHE
+from assay.models.slots import KV_CACHE
 
 # Published sizes (their config.json) and a tiny one with the zoo's sizes (its tokenizer's 1024 tokens).
 _LLAMA3_VOCAB = 128256

@@ -16,7 +16,7 @@ from assay.models.qwen3.model import Qwen3
 from assay.models.qwen3.parallelize import tp_plan, tp_sizes
 from assay.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter, from_hf, to_hf
 from assay.models.registry import ArchSpec, register
-from assay.models.serving import KV_CACHE
+from assay.models.slots import KV_CACHE
 
 # Sizes of the published Qwen3 checkpoints (their config.json), plus two tiny ones for tests.
 # The tiny ones have the zoo's sizes (vocabulary of its tokenizer, 1024) so they train on the zoo corpus.

@@ -5,33 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from assay.core.dtypes import dtype_name
 from assay.core.errors import AssayError
-from assay.serve.scheduler import DEFAULT_BUCKETS, check_buckets
+from assay.serve.engine.scheduler import DEFAULT_BUCKETS, check_buckets
+from assay.serve.runner.dtypes import check_state_dtype, check_weight_dtype
 
 if TYPE_CHECKING:
-    from assay.serve.sampling import TokenLogprob
-
-
-# Names only: this module imports no torch, so `assay serve` checks its flags before importing it.
-STATE_DTYPES = ("float32", "bfloat16")  # what a slot pool stores (aliases bf16, fp32 accepted)
-WEIGHT_DTYPES = ("float32", "bfloat16")  # what the served model's weights are held in (--dtype)
-
-
-def check_state_dtype(name: str) -> str:
-    """The canonical name of a slot pool's dtype (an alias resolved), or AssayError."""
-    canonical = dtype_name(name, STATE_DTYPES)
-    if canonical is None:
-        raise AssayError(f"state dtype {name!r}: expected float32 or bfloat16")
-    return canonical
-
-
-def check_weight_dtype(name: str) -> str:
-    """The canonical name of the weights' dtype (--dtype), or AssayError."""
-    canonical = dtype_name(name, WEIGHT_DTYPES)
-    if canonical is None:
-        raise AssayError(f"--dtype {name!r}: expected float32 or bfloat16")
-    return canonical
+    from assay.serve.engine.sampling import TokenLogprob
 
 
 @dataclass(frozen=True)

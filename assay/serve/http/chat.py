@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from assay.serve.frontend import Serving
-from assay.serve.generation import Generation, Piece
-from assay.serve.protocol import ChatCompletionRequest, RequestError, parse_chat
-from assay.serve.responses import chat_body, chat_choice, chat_delta, chat_logprobs, usage
+from assay.serve.http.frontend import Serving
+from assay.serve.http.generation import Generation, Piece
+from assay.serve.http.protocol import ChatCompletionRequest, RequestError, parse_chat
+from assay.serve.http.responses import chat_body, chat_choice, chat_delta, chat_logprobs, usage
 
 
 def chat_prompt(serving: Serving, body: ChatCompletionRequest) -> list[int]:
@@ -39,7 +39,7 @@ async def handle(serving: Serving, raw: bytes, request: Request):
     max_tokens = body.token_budget() or serving.room(len(prompt))
     top = (body.top_logprobs or 0) if body.logprobs else None
     generation = serving.generation([prompt], "chatcmpl")
-    generation.submit(serving.options(body, [max_tokens], logprobs=top))
+    generation.submit(serving.sampling_params(body, max_tokens=max_tokens, logprobs=top))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _stream(serving, generation, body, request, include_usage)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from assay.serve.frontend import Serving
-from assay.serve.generation import Choice, Generation, Piece
-from assay.serve.protocol import CompletionRequest, completion_prompts, parse_completion
-from assay.serve.responses import completion_body, completion_choice, legacy_logprobs, usage
+from assay.serve.http.frontend import Serving
+from assay.serve.http.generation import Choice, Generation, Piece
+from assay.serve.http.protocol import CompletionRequest, completion_prompts, parse_completion
+from assay.serve.http.responses import completion_body, completion_choice, legacy_logprobs, usage
 
 
 def _prompt_tokens(serving: Serving, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
@@ -29,10 +29,9 @@ async def handle(serving: Serving, raw: bytes, request: Request):
     body = parse_completion(raw)
     serving.check_model(body.model)
     prompts, echo_texts = _prompt_tokens(serving, body)
-    options = serving.options(body, [body.max_tokens] * len(prompts), logprobs=body.logprobs,
-                              prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None)
+    params = serving.sampling_params(body, prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None)
     generation = serving.generation(prompts, "cmpl")
-    generation.submit(options)
+    generation.submit(params)
     view = _View(serving, generation, body, echo_texts)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

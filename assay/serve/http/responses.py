@@ -11,18 +11,12 @@ the top_logprobs most likely tokens at each position.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the door's middleware imports this module without torch
+    from assay.serve.engine.sampling import TokenLogprob
 
 SSE_DONE = "data: [DONE]\n\n"
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One position: the token there, its log-probability, and the most likely tokens there (id, logprob)."""
-
-    token_id: int
-    logprob: float | None  # None: the first prompt token (nothing precedes it)
-    top: tuple[tuple[int, float], ...] = ()
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

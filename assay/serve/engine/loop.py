@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Callable
 
-from assay.serve.engine import Engine, TokenEvent, choice_ids
+from assay.serve.engine.config import TokenEvent
+from assay.serve.engine.engine import Engine
+from assay.serve.engine.request import choice_ids
+from assay.serve.engine.sampling import SamplingParams
 
 log = logging.getLogger("assay.serve")
 
@@ -47,17 +50,17 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def submit(self, request_id: str, listener: Callable, **request: Any) -> None:
+    def submit(self, request_id: str, listener: Callable, prompt_tokens: list[int], params: SamplingParams) -> None:
         """Register the listener for each of the request's choices (n), then add the request (AssayError /
         QueueFull propagate, nothing stays registered)."""
         if not self.alive:
             raise EngineFailed("the engine is not running")
-        ids = choice_ids(request_id, request.get("n", 1))
+        ids = choice_ids(request_id, params.n)
         with self._lock:
             for choice_id in ids:
                 self._listeners[choice_id] = listener
         try:
-            self.engine.add_request(request_id, **request)
+            self.engine.add_request(request_id, prompt_tokens, params=params)
         except BaseException:
             for choice_id in ids:
                 self.forget(choice_id)

@@ -1,6 +1,6 @@
 """How the engine finds the adapter of a checkpoint: the architecture registry's entry for its
 config.json model_type gives it (assay.models.registry, ArchSpec.cache.adapter). The adapters
-themselves live with the models (assay.models.serving):
+themselves live with the models (assay.models.slots):
   StateAdapter    the fixed-state model (GLA): one float32 (or bfloat16) [H, K, V] matrix per layer and
                   slot, whatever the length; prefill through the chunked form, decode through the step.
   KVCacheAdapter  a transformer with a key/value cache per slot (Qwen3, Llama): [max_len, Hkv, D] per
@@ -19,14 +19,10 @@ import torch
 from assay.core.dtypes import dtype_name, torch_dtype
 from assay.core.errors import AssayError
 from assay.models import registry
-from assay.models.serving import KV_REFERENCE_DTYPE, KVCacheAdapter, KVLayout, ModelAdapter, StateAdapter
-from assay.serve.config import STATE_DTYPES, WEIGHT_DTYPES, check_state_dtype, check_weight_dtype  # noqa: F401 (re-exported)
+from assay.models.slots import KV_REFERENCE_DTYPE, KVCacheAdapter, KVLayout, ModelAdapter, StateAdapter
+from assay.serve.runner.dtypes import check_state_dtype, check_weight_dtype
 
 KV_REFERENCE_LENGTHS = (2048, 8192)
-
-# Former names of the two adapters.
-GLAAdapter = StateAdapter
-Qwen3Adapter = KVCacheAdapter
 
 
 def state_dtype(name: str) -> torch.dtype:
@@ -95,8 +91,3 @@ def load_adapter(folder: str | os.PathLike, device: torch.device, max_len: int, 
     return adapter if wanted == torch.float32 else cast_weights(adapter, wanted)
 
 
-__all__ = [
-    "ADAPTERS", "KV_REFERENCE_DTYPE", "KV_REFERENCE_LENGTHS", "WEIGHT_DTYPES", "GLAAdapter", "KVCacheAdapter", "KVLayout",
-    "ModelAdapter", "Qwen3Adapter", "StateAdapter", "adapter_dtype", "cast_weights", "load_adapter", "model_type_of",
-    "state_dtype", "weight_dtype",
-]

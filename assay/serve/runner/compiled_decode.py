@@ -8,13 +8,13 @@ bucket set can reach before serving, so no request ever waits on the compiler.
 from __future__ import annotations
 
 import types
+from time import perf_counter as now
 
 import torch
 
 from assay.core.compiling import CompileStats, compile_fn, watch
 from assay.core.device import synchronize
-from assay.serve.accounting import now
-from assay.serve.adapters import ModelAdapter
+from assay.serve.runner.weights import ModelAdapter
 
 
 def _fresh_function(fn):

@@ -34,23 +34,16 @@ import torch
 from assay.core.device import resolve_backend, resolve_device
 from assay.core.errors import AssayError
 from assay.core.numerics import max_abs_diff, rel_error
-from assay.serve.accounting import EagerCheck, EngineStats, EngineTotals, MemoryFacts, StepRecord, now
-from assay.serve.adapters import KV_REFERENCE_DTYPE, KV_REFERENCE_LENGTHS, ModelAdapter, load_adapter, state_dtype
-from assay.serve.compiled_decode import CompiledDecode, _fresh_function
-from assay.serve.config import EngineConfig, QueueFull, TokenEvent
-from assay.serve.engine_prefill import BatchPrefill, PrefillJob
-from assay.serve.intake import EngineRequest, choice_ids, new_request
-from assay.serve.pool import SlotPool
-from assay.serve.sampling import TokenLogprob, sample_tokens, token_logprobs
-from assay.serve.scheduler import decode_width, warm_up_widths
-from assay.serve.sizing import (
-    POOL_MEMORY_SHARE, SLOT_LEN_GRAIN, check_max_len, check_pool_fits, checkpoint_positions, fitted_slot_len,
-)
-
-_check_pool_fits = check_pool_fits  # the name before the split
-
-
-_Request = EngineRequest  # the name before intake.py
+from assay.serve.engine.config import EngineConfig, QueueFull, TokenEvent
+from assay.serve.engine.prefill import BatchPrefill, PrefillJob
+from assay.serve.engine.request import EngineRequest, new_request
+from assay.serve.engine.sampling import SamplingParams, TokenLogprob, sample_tokens, token_logprobs
+from assay.serve.engine.scheduler import decode_width, warm_up_widths
+from assay.serve.engine.stats import EagerCheck, EngineStats, EngineTotals, MemoryFacts, StepRecord, now
+from assay.serve.runner.compiled_decode import CompiledDecode
+from assay.serve.runner.pool import SlotPool
+from assay.serve.runner.sizing import check_max_len, check_pool_fits, checkpoint_positions, fitted_slot_len
+from assay.serve.runner.weights import KV_REFERENCE_DTYPE, KV_REFERENCE_LENGTHS, ModelAdapter, load_adapter, state_dtype
 
 
 class Engine(BatchPrefill):
@@ -64,18 +57,18 @@ class Engine(BatchPrefill):
         self._tokenizer = None
         dtype = state_dtype(config.state_dtype)
         max_len = config.slot_len()
-        check_pool_fits(adapter, config, dtype, max_len, self.device)
+        check_pool_fits(adapter, config.max_seqs, dtype, max_len, self.device)
         self.pool = SlotPool(adapter.pool_buffers(config.max_seqs + 1, dtype, max_len), config.max_seqs)
         self._max_len = max_len if adapter.uses_max_len() else None
 
         self._lock = threading.RLock()  # re-entrant: _finish runs both inside step()'s critical section and from _emit
-        self._waiting: deque[_Request] = deque()
+        self._waiting: deque[EngineRequest] = deque()
         self._aborts: set[str] = set()
         self._live_ids: set[str] = set()  # waiting or running
-        self._running: dict[str, _Request] = {}
+        self._running: dict[str, EngineRequest] = {}
         # Choices 1..n-1 of an admitted request whose prefill has not finished: their slots are taken; they
         # run once the prefill is copied into them.
-        self._pending_forks: dict[str, _Request] = {}
+        self._pending_forks: dict[str, EngineRequest] = {}
         self._prefilling: dict[str, PrefillJob] = {}  # admitted, prompt partly prefilled (engine_prefill.py)
         self._long_waited = False  # a long prompt got no prefill last step: it is offered this one (short_first)
         self._step_count = 0
@@ -112,7 +105,7 @@ class Engine(BatchPrefill):
             # trained for (its rotary table would be extended silently) nor past what the memory holds.
             adapter = load_adapter(path, device, min(config.slot_len(), checkpoint_positions(path) or config.slot_len()), config.dtype)
             if adapter.uses_max_len():
-                config = replace(config, max_len=fitted_slot_len(adapter, config, device))
+                config = replace(config, max_len=fitted_slot_len(adapter, config.slot_len(), config.max_seqs, config.state_dtype, device))
         from assay.models.hf_checkpoint import checkpoint_dir
 
         return cls(adapter, config, tokenizer_dir=checkpoint_dir(path))
@@ -155,19 +148,19 @@ class Engine(BatchPrefill):
         self._stats.warmup_s += now() - start
 
     # ---------------------------------------------------------------- requests
-    def add_request(
-        self, request_id: str, prompt_tokens: list[int], max_tokens: int, temperature: float = 0.0,
-        seed: int | None = None, stop_token_ids: tuple[int, ...] = (), *, top_p: float = 1.0, top_k: int = 0, n: int = 1,
-        logprobs: int | None = None, prompt_logprobs: int | None = None,
-    ) -> None:
-        """Queue a prompt. n > 1: n choices (ids choice_ids(request_id, n)), prefilled once and copied into n
-        slots, choice j sampling with seed + j. logprobs / prompt_logprobs: the chosen tokens' (each event's
-        logprob) and the prompt's own (the first event's prompt_logprobs), with that many alternatives."""
+    def add_request(self, request_id: str, prompt_tokens: list[int], max_tokens: int | None = None, *,
+                    params: SamplingParams | None = None, **fields) -> None:
+        """Queue a prompt with what it asks of generation: params (a SamplingParams, as the HTTP edge builds it),
+        or for scripts and tests its fields by name (add_request("r1", tokens, max_tokens=16, temperature=0.7)).
+        n > 1: n choices (ids choice_ids(request_id, n)), prefilled once and copied into n slots, choice j
+        sampling with seed + j. logprobs / prompt_logprobs: the chosen tokens' (each event's logprob) and the
+        prompt's own (the first event's prompt_logprobs), with that many alternatives."""
         config = self.config
-        request = new_request(
-            config, self.vocab_size, self._max_len, request_id, prompt_tokens, max_tokens, temperature=temperature, seed=seed,
-            stop_token_ids=stop_token_ids, top_p=top_p, top_k=top_k, n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-        )
+        if params is None:
+            params = SamplingParams(**fields, **({} if max_tokens is None else {"max_tokens": max_tokens}))
+        elif max_tokens is not None or fields:
+            raise TypeError("add_request takes params or its fields, not both")
+        request = new_request(config, self.vocab_size, self._max_len, request_id, prompt_tokens, params)
         members = [request, *request.forks]
         with self._lock:
             if any(m.request_id in self._live_ids for m in members):
@@ -266,16 +259,16 @@ class Engine(BatchPrefill):
             reference = self.adapter.decode(tokens, local_ids, positions, rows)[:n_real]
         self._stats.eager_check.add(max_abs_diff(logits, reference), rel_error(logits, reference))
 
-    def _sample(self, logits: torch.Tensor, requests: list[_Request]) -> list[int]:
+    def _sample(self, logits: torch.Tensor, requests: list[EngineRequest]) -> list[int]:
         # logits: [N, vocab] -> one token per request
         return sample_tokens(logits, [request.sampling for request in requests])
 
-    def _emit(self, request: _Request, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
+    def _emit(self, request: EngineRequest, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
         event = self._advance(request, token)
         event.logprob = logprob
         return event
 
-    def _advance(self, request: _Request, token: int) -> TokenEvent:
+    def _advance(self, request: EngineRequest, token: int) -> TokenEvent:
         index = len(request.generated)
         request.generated.append(token)
         request.last_token = token
@@ -288,7 +281,7 @@ class Engine(BatchPrefill):
                 return self._finish(request, "length", token_id=token, index=index)
         return TokenEvent(request.request_id, token, index, False, None)
 
-    def _finish(self, request: _Request, reason: str, token_id: int, index: int | None = None) -> TokenEvent:
+    def _finish(self, request: EngineRequest, reason: str, token_id: int, index: int | None = None) -> TokenEvent:
         """Called with the lock held: the request leaves the live set and gives its slot back."""
         held = any(table.pop(request.request_id, None) is not None for table in (self._running, self._pending_forks, self._prefilling))
         if request.slot >= 0 and held:
@@ -340,7 +333,3 @@ def run_to_completion(engine: Engine, max_steps: int = 1_000_000) -> dict[str, l
     raise RuntimeError(f"requests still unfinished after {max_steps} steps")
 
 
-__all__ = [
-    "POOL_MEMORY_SHARE", "SLOT_LEN_GRAIN", "Engine", "EngineConfig", "QueueFull", "TokenEvent", "_check_pool_fits",
-    "_fresh_function", "checkpoint_positions", "choice_ids", "fitted_slot_len", "run_to_completion",
-]

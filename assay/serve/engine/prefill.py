@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import torch
 
 from assay.core.device import synchronize
-from assay.serve.accounting import now
-from assay.serve.config import TokenEvent
-from assay.serve.intake import EngineRequest
-from assay.serve.sampling import TokenLogprob, prompt_logprobs, token_logprobs
+from assay.serve.engine.stats import now
+from assay.serve.engine.config import TokenEvent
+from assay.serve.engine.request import EngineRequest
+from assay.serve.engine.sampling import TokenLogprob, prompt_logprobs, token_logprobs
 
 # A batch's padded tokens (rows x longest chunk) may be at most this many times its real tokens: a row that
 # would pad more waits for a step whose batch suits it. The oldest row is always taken. Checked row by row

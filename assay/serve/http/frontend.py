@@ -12,12 +12,13 @@ from typing import AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from assay.serve.engine import Engine
-from assay.serve.engine_loop import EngineFailed, EngineLoop
-from assay.serve.generation import Generation, Piece, SubmitOptions
-from assay.serve.metrics import ServerMetrics
-from assay.serve.protocol import RequestError
-from assay.serve.responses import SSE_DONE, TokenText, error_body, sse
+from assay.serve.engine.engine import Engine
+from assay.serve.engine.loop import EngineFailed, EngineLoop
+from assay.serve.engine.sampling import SamplingParams
+from assay.serve.http.generation import Generation, Piece
+from assay.serve.http.metrics import ServerMetrics
+from assay.serve.http.protocol import RequestError
+from assay.serve.http.responses import SSE_DONE, TokenText, error_body, sse
 
 _ERROR_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
                 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
@@ -143,13 +144,11 @@ class Serving:
                                     f"{self.limits.slot_positions} positions (--max-len)", "messages")
         return room
 
-    def options(self, body, max_tokens: list[int], logprobs: int | None, prompt_logprobs: int | None = None) -> SubmitOptions:
+    def sampling_params(self, body, **derived) -> SamplingParams:
+        """The request's SamplingParams, built once here: the stop strings, the stop token ids with the model's
+        end-of-text ones (unless ignore_eos), then the body's fields (and what the route derives)."""
         eos = () if body.ignore_eos else self.eos_ids
-        return SubmitOptions(
-            max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, n=body.n,
-            stop=body.stop_strings(), stop_token_ids=tuple(body.stop_token_ids or ()) + eos, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-        )
+        return body.sampling_params(stop=tuple(body.stop_strings()), stop_token_ids=tuple(body.stop_token_ids or ()) + eos, **derived)
 
     def generation(self, prompts: list[list[int]], prefix: str) -> Generation:
         return Generation(self.engine_loop, self.metrics, self.tokenizer, prompts, prefix)

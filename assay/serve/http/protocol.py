@@ -13,11 +13,12 @@ accepted: it changes nothing, so nothing is dropped.
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from assay.serve.detokenize import IncrementalText  # noqa: F401 (importable from here, as before)
+from assay.serve.engine.sampling import SamplingParams
 
 # vLLM's default --max-logprobs: alternatives per token a request may ask for.
 MAX_LOGPROBS = 20
@@ -62,6 +63,12 @@ class _Sampling(BaseModel):
 
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling_params(self, **derived) -> SamplingParams:
+        """SamplingParams from the body's fields of the same names, then `derived` (what the route computes:
+        max_tokens, logprobs, stop strings and ids). A sampling field added to both is carried with no more code."""
+        shared = {f.name: getattr(self, f.name) for f in fields(SamplingParams) if f.name in type(self).model_fields}
+        return SamplingParams(**(shared | derived))
 
 
 class CompletionRequest(_Sampling):

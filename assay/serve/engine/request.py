@@ -10,23 +10,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from assay.core.errors import AssayError
-from assay.serve.config import EngineConfig
-from assay.serve.sampling import Sampling
+from assay.serve.engine.config import EngineConfig
+from assay.serve.engine.sampling import Sampling, SamplingParams
 
 
 @dataclass
 class EngineRequest:
     request_id: str
     prompt: list[int]
-    max_tokens: int
-    sampling: Sampling
+    sampling: Sampling  # the request's SamplingParams (.params) and this choice's random stream
     stop_token_ids: frozenset[int]
     slot: int = -1
     forks: list[EngineRequest] = field(default_factory=list)  # the other choices of n, prefilled with this one
-    prompt_logprobs: int | None = None  # echo: the prompt's log-probabilities, with this many alternatives
     next_position: int = 0  # where the next fed token goes (a KV cache's position; unused by a GLA state)
     last_token: int = -1
     generated: list[int] = field(default_factory=list)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.params.max_tokens
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """echo: the prompt's log-probabilities, with this many alternatives (None: not asked for)."""
+        return self.sampling.params.prompt_logprobs
 
 
 def choice_ids(request_id: str, n: int) -> list[str]:
@@ -35,12 +42,11 @@ def choice_ids(request_id: str, n: int) -> list[str]:
 
 
 def new_request(
-    config: EngineConfig, vocab_size: int, max_len: int | None, request_id: str, prompt_tokens: list[int], max_tokens: int, *,
-    temperature: float = 0.0, seed: int | None = None, stop_token_ids: tuple[int, ...] = (), top_p: float = 1.0, top_k: int = 0,
-    n: int = 1, logprobs: int | None = None, prompt_logprobs: int | None = None,
+    config: EngineConfig, vocab_size: int, max_len: int | None, request_id: str, prompt_tokens: list[int], params: SamplingParams,
 ) -> EngineRequest:
     """The checked request (its other choices in .forks), or AssayError naming what is wrong."""
     prompt = [int(t) for t in prompt_tokens]
+    max_tokens, n = params.max_tokens, params.n
     if not prompt:
         raise AssayError("the prompt is empty: at least one token is needed")
     if len(prompt) > config.max_prompt_tokens:
@@ -53,13 +59,7 @@ def new_request(
         raise AssayError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the {max_len} positions of a KV-cache slot")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= config.max_seqs:
         raise AssayError(f"n must be an integer in [1, {config.max_seqs}] (the slots), got {n!r}")
-    if prompt_logprobs is not None and (not isinstance(prompt_logprobs, int) or prompt_logprobs < 0):
-        raise AssayError(f"prompt_logprobs must be an integer >= 0, got {prompt_logprobs!r}")
-    sampling = Sampling.create(temperature, seed, top_p=top_p, top_k=top_k, logprobs=logprobs)
-    stops = frozenset(int(t) for t in stop_token_ids)
-    members = [
-        EngineRequest(choice_id, prompt, max_tokens, sampling.fork(j) if j else sampling, stops, prompt_logprobs=prompt_logprobs)
-        for j, choice_id in enumerate(choice_ids(request_id, n))
-    ]
+    stops = frozenset(params.stop_token_ids)
+    members = [EngineRequest(choice_id, prompt, Sampling.for_choice(params, j), stops) for j, choice_id in enumerate(choice_ids(request_id, n))]
     members[0].forks = members[1:]
     return members[0]

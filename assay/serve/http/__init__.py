@@ -23,18 +23,24 @@ The parts, one concern each:
   routes.py              the FastAPI app
   metrics.py             prometheus_client metrics (TTFT/TPOT histograms as vLLM exposes them), sums over replicas
   server.py              uvicorn on a listening socket; `assay serve`'s start-up
-This module is their public face.
+This package's public face; the names load on first use (`assay serve` checks its flags before FastAPI loads).
 """
 
 from __future__ import annotations
 
-from assay.serve.engine_loop import EngineFailed, EngineLoop
-from assay.serve.metrics import ServerMetrics
-from assay.serve.protocol import ChatCompletionRequest, CompletionRequest, IncrementalText
-from assay.serve.routes import create_app
-from assay.serve.server import ServerHandle, bind_socket, server_url, start_in_thread, uvicorn_server
+from assay.core.lazy import lazy_exports
 
-__all__ = [
-    "ChatCompletionRequest", "CompletionRequest", "EngineFailed", "EngineLoop", "IncrementalText", "ServerHandle", "ServerMetrics", "bind_socket",
-    "create_app", "server_url", "start_in_thread", "uvicorn_server",
-]
+_EXPORTS = {
+    "create_app": "assay.serve.http.app",
+    "ServerMetrics": "assay.serve.http.metrics",
+    "ChatCompletionRequest": "assay.serve.http.protocol",
+    "CompletionRequest": "assay.serve.http.protocol",
+    "ServerHandle": "assay.serve.http.server",
+    "bind_socket": "assay.serve.http.server",
+    "server_url": "assay.serve.http.server",
+    "start_in_thread": "assay.serve.http.server",
+    "uvicorn_server": "assay.serve.http.server",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -18,12 +18,13 @@ from typing import AsyncIterator
 from starlette.requests import Request
 
 from assay.core.errors import AssayError
-from assay.serve.detokenize import IncrementalText
-from assay.serve.engine import QueueFull, choice_ids
-from assay.serve.engine_loop import EngineFailed, EngineLoop
-from assay.serve.metrics import ServerMetrics
-from assay.serve.protocol import RequestError
-from assay.serve.responses import TokenLogprob
+from assay.serve.http.detokenize import IncrementalText
+from assay.serve.engine.config import QueueFull
+from assay.serve.engine.request import choice_ids
+from assay.serve.engine.loop import EngineFailed, EngineLoop
+from assay.serve.http.metrics import ServerMetrics
+from assay.serve.http.protocol import RequestError
+from assay.serve.engine.sampling import SamplingParams, TokenLogprob
 
 # Put on a request's queue by its disconnect watcher: the client has gone.
 CLIENT_GONE = object()
@@ -51,22 +52,6 @@ class Piece:
     logprobs: list[TokenLogprob]
     finished: bool
     first: bool  # the choice's first piece (with echo, the prompt's log-probabilities arrive with it)
-
-
-@dataclass
-class SubmitOptions:
-    """What the engine is asked for each prompt (the sampling fields of the request, validated)."""
-
-    max_tokens: list[int]  # one per prompt (a chat request's default depends on the prompt's length)
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    n: int
-    stop: list[str]
-    stop_token_ids: tuple[int, ...]
-    logprobs: int | None  # alternatives per generated token; None: no log-probabilities
-    prompt_logprobs: int | None  # echo with logprobs: the prompt's own, with this many alternatives
 
 
 _ids = itertools.count()
@@ -110,7 +95,7 @@ class Generation:
     def completion_tokens(self) -> int:
         return sum(len(c.tokens) for c in self.choices)
 
-    def submit(self, options: SubmitOptions) -> None:
+    def submit(self, params: SamplingParams) -> None:
         """Every prompt into the engine, or none: a refusal (RequestError 400/429/503) withdraws what went in."""
         loop = asyncio.get_running_loop()
         queue = self.queue
@@ -125,15 +110,11 @@ class Generation:
         try:
             for i, prompt in enumerate(self.prompts):
                 engine_id = f"{self.request_id}-{i}"
-                for j, choice_id in enumerate(choice_ids(engine_id, options.n)):
-                    choice = Choice(i * options.n + j, i, choice_id, IncrementalText(self.tokenizer, options.stop))
+                for j, choice_id in enumerate(choice_ids(engine_id, params.n)):
+                    choice = Choice(i * params.n + j, i, choice_id, IncrementalText(self.tokenizer, list(params.stop)))
                     self.choices.append(choice)
                     self._by_engine_id[choice_id] = choice
-                self.engine_loop.submit(
-                    engine_id, listener, prompt_tokens=prompt, max_tokens=options.max_tokens[i], temperature=options.temperature,
-                    top_p=options.top_p, top_k=options.top_k, seed=options.seed, n=options.n,
-                    stop_token_ids=options.stop_token_ids, logprobs=options.logprobs, prompt_logprobs=options.prompt_logprobs,
-                )
+                self.engine_loop.submit(engine_id, listener, prompt, params)
                 submitted.append(engine_id)
         except (QueueFull, AssayError, EngineFailed) as exc:
             for choice in self.choices:  # withdrawn before any token reached the client: not counted as aborts

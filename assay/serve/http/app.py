@@ -14,13 +14,13 @@ from typing import Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from assay.serve import routes_chat, routes_completions
-from assay.serve.engine import Engine
-from assay.serve.engine_loop import EngineLoop
-from assay.serve.frontend import Serving
-from assay.serve.metrics import CONTENT_TYPE, ServerMetrics
-from assay.serve.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKey, BodyLimit, ServerHeader
-from assay.serve.protocol import RequestError
+from assay.serve.http import chat, completions
+from assay.serve.engine.engine import Engine
+from assay.serve.engine.loop import EngineLoop
+from assay.serve.http.frontend import Serving
+from assay.serve.http.metrics import CONTENT_TYPE, ServerMetrics
+from assay.serve.http.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKey, BodyLimit, ServerHeader
+from assay.serve.http.protocol import RequestError
 
 
 def create_app(
@@ -80,7 +80,7 @@ def create_app(
 
         return route
 
-    app.post("/v1/completions")(generating(routes_completions.handle))
-    app.post("/v1/chat/completions")(generating(routes_chat.handle))
+    app.post("/v1/completions")(generating(completions.handle))
+    app.post("/v1/chat/completions")(generating(chat.handle))
 
     return app

@@ -12,8 +12,7 @@ import torch
 
 from assay.core.device import free_memory_bytes
 from assay.core.errors import AssayError
-from assay.serve.adapters import ModelAdapter, state_dtype
-from assay.serve.config import EngineConfig
+from assay.serve.runner.weights import ModelAdapter, state_dtype
 
 # The static pool is allocated (and zeroed) whole at start-up. Without --max-len it may take this share of
 # the memory free then; the rest stays for activations, the compiler and other processes on the machine.
@@ -73,33 +72,33 @@ def check_max_len(path: str | os.PathLike, max_len: int | None, flag: str = "--m
                      f"use {flag} {max(positions, scaled or 0)} or less")
 
 
-def fitted_slot_len(adapter: ModelAdapter, config: EngineConfig, device: torch.device) -> int:
-    """The KV slot length without --max-len: config.slot_len() (already capped at the model's positions),
-    shortened to what max_seqs + 1 slots can hold in POOL_MEMORY_SHARE of the free memory."""
-    wanted = min(config.slot_len(), adapter.max_positions() or config.slot_len())
+def fitted_slot_len(adapter: ModelAdapter, slot_len: int, max_seqs: int, pool_dtype: str, device: torch.device) -> int:
+    """The KV slot length without --max-len: slot_len (prompt + new tokens, already capped at the model's
+    positions), shortened to what max_seqs + 1 slots can hold in POOL_MEMORY_SHARE of the free memory."""
+    wanted = min(slot_len, adapter.max_positions() or slot_len)
     free = free_memory_bytes(device)
     if free is None:
         return wanted
-    per_position = adapter.state_bytes_per_sequence(state_dtype(config.state_dtype), 1)
-    fits = int(POOL_MEMORY_SHARE * free) // ((config.max_seqs + 1) * per_position)
+    per_position = adapter.state_bytes_per_sequence(state_dtype(pool_dtype), 1)
+    fits = int(POOL_MEMORY_SHARE * free) // ((max_seqs + 1) * per_position)
     if fits >= wanted:
         return wanted
     fitted = fits // SLOT_LEN_GRAIN * SLOT_LEN_GRAIN
     if fitted < SLOT_LEN_GRAIN:
         raise AssayError(
-            f"{config.max_seqs} slots of a KV cache ({per_position} bytes per position each) leave under {SLOT_LEN_GRAIN} positions "
+            f"{max_seqs} slots of a KV cache ({per_position} bytes per position each) leave under {SLOT_LEN_GRAIN} positions "
             f"per slot in half of the {free / 2**30:.1f} GiB free: lower --max-seqs"
         )
     return fitted
 
 
-def check_pool_fits(adapter: ModelAdapter, config: EngineConfig, dtype: torch.dtype, max_len: int, device: torch.device) -> None:
+def check_pool_fits(adapter: ModelAdapter, max_seqs: int, dtype: torch.dtype, max_len: int, device: torch.device) -> None:
     """A pool larger than the free memory fails here with its size, not later as an out-of-memory kill."""
     free = free_memory_bytes(device)
-    need = adapter.state_bytes_per_sequence(dtype, max_len) * (config.max_seqs + 1)
+    need = adapter.state_bytes_per_sequence(dtype, max_len) * (max_seqs + 1)
     if free is not None and need > free:
         raise AssayError(
-            f"the slot pool needs {need / 2**30:.1f} GiB ({config.max_seqs} slots + 1 scratch x {max_len} positions) but "
+            f"the slot pool needs {need / 2**30:.1f} GiB ({max_seqs} slots + 1 scratch x {max_len} positions) but "
             f"{device.type} has {free / 2**30:.1f} GiB free: lower --max-seqs or --max-len"
         )
 

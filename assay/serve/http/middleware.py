@@ -15,7 +15,7 @@ import hmac
 import json
 from typing import Callable
 
-from assay.serve.responses import error_body
+from assay.serve.http.responses import error_body
 
 # A request body larger than this is refused (413) before it is parsed (--max-request-bytes): room for a
 # prompt of 8,192 token ids at about 6 bytes each in JSON many times over.

@@ -13,7 +13,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from assay.serve.engine import Engine
+from assay.serve.engine.engine import Engine
 
 # Outcomes counted in assay_requests_total{outcome=...}: the three finish reasons (one per choice: a batch
 # of prompts, each with n choices, counts each), and the refusals (one per HTTP request).

@@ -1,7 +1,8 @@
 """How the next token is chosen from a row of logits, and the log-probabilities a request asks for.
 
-    sampling = Sampling.create(temperature=0.7, top_p=0.9, top_k=50, seed=1)   # AssayError for bad values
-    tokens = sample_tokens(logits, [sampling, ...])                            # logits [N, vocab] -> N token ids
+    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, seed=1)    # AssayError for bad values
+    sampling = Sampling.for_choice(params, 0)                                 # choice 0 of n: its own generator
+    tokens = sample_tokens(logits, [sampling, ...])                           # logits [N, vocab] -> N token ids
     entries = token_logprobs(logits, tokens, [sampling, ...])                  # the chosen tokens' log-probabilities
     entries = prompt_logprobs(all_logits, prompt, k)                           # a prompt's own (echo)
 
@@ -11,7 +12,7 @@ top-p (the nucleus of the tempered distribution), then one draw from what is lef
 request with its own torch.Generator, so a seed gives the same tokens compiled or eager and whatever else
 shares the batch.
 
-n choices of one prompt (Sampling.fork): choice j draws from its own generator seeded with seed + j (modulo
+n choices of one prompt (Sampling.for_choice): choice j draws from its own generator seeded with seed + j (modulo
 2**64), so choice 0 is the answer the same request with n = 1 gets, and a seeded request is reproducible.
 
 Log-probabilities are log_softmax, in float32, of the logits that produced each token (the model's own
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -42,61 +43,92 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass
-class Sampling:
-    """One request's sampling settings and random stream (None for greedy)."""
+@dataclass(frozen=True)
+class SamplingParams:
+    """What one request asks of generation. Built once (at the HTTP edge, from the request's fields of the
+    same names) and passed unchanged to the engine and the sampler; checked here (AssayError), the limits
+    that depend on the server (max_tokens, n) at the engine's intake. A new sampling setting is a field here
+    and its use in the sampler below (and the request's field of the same name in the HTTP protocol)."""
 
-    temperature: float = 0.0
+    max_tokens: int = 16
+    n: int = 1  # choices of the prompt, prefilled once and copied
+    temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1): every token
     seed: int | None = None
-    generator: torch.Generator | None = None
+    stop: tuple[str, ...] = ()  # stop strings: the HTTP edge cuts the text at them (the engine sees token ids)
+    stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None  # alternatives reported per generated token; None: no log-probabilities
+    prompt_logprobs: int | None = None  # echo: the prompt's own log-probabilities, with this many alternatives
 
-    @classmethod
-    def create(cls, temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0, top_k: int = 0,
-               logprobs: int | None = None) -> Sampling:
-        """Checked settings; a request without a seed gets a random one, so two such requests differ."""
+    def __post_init__(self):
         try:
-            temperature, top_p = float(temperature), float(top_p)
+            temperature, top_p = float(self.temperature), float(self.top_p)
         except (TypeError, ValueError):
-            raise AssayError(f"temperature and top_p must be numbers, got {temperature!r}, {top_p!r}") from None
+            raise AssayError(f"temperature and top_p must be numbers, got {self.temperature!r}, {self.top_p!r}") from None
         if not 0.0 <= temperature < float("inf"):
-            raise AssayError(f"temperature must be a finite number >= 0, got {temperature!r}")
+            raise AssayError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not 0.0 < top_p <= 1.0:
-            raise AssayError(f"top_p must be in (0, 1], got {top_p!r}")
-        if not isinstance(top_k, int) or top_k < -1:
-            raise AssayError(f"top_k must be an integer >= -1 (0 or -1: every token), got {top_k!r}")
-        if logprobs is not None and (not isinstance(logprobs, int) or logprobs < 0):
-            raise AssayError(f"logprobs must be an integer >= 0, got {logprobs!r}")
-        if seed is not None and not -(2**63) <= seed < SEED_MODULUS:
-            raise AssayError(f"seed must be in [-2**63, 2**64), got {seed!r}")
-        sampling = cls(temperature, top_p, max(top_k, 0), seed, None, logprobs)
-        return sampling.fork(0)
-
-    def fork(self, index: int) -> Sampling:
-        """The settings of choice `index` of n, with a generator of its own (seed + index)."""
-        if self.greedy:
-            return replace(self, generator=None)
-        seed = random.getrandbits(63) if self.seed is None else (self.seed + index) % SEED_MODULUS
-        return replace(self, generator=torch.Generator(device="cpu").manual_seed(seed))
+            raise AssayError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise AssayError(f"top_k must be an integer >= -1 (0 or -1: every token), got {self.top_k!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise AssayError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.seed is not None and not -(2**63) <= self.seed < SEED_MODULUS:
+            raise AssayError(f"seed must be in [-2**63, 2**64), got {self.seed!r}")
+        # Canonical values (a frozen dataclass sets them through object.__setattr__): -1 and 0 both mean every token.
+        for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", max(self.top_k, 0)),
+                            ("stop", tuple(self.stop)), ("stop_token_ids", tuple(int(t) for t in self.stop_token_ids))):
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+
+@dataclass
+class Sampling:
+    """One choice's sampler: its request's SamplingParams and its own random stream (None when greedy)."""
+
+    params: SamplingParams
+    generator: torch.Generator | None = None
+
+    @classmethod
+    def create(cls, temperature: float = 0.0, seed: int | None = None, **fields) -> Sampling:
+        """Choice 0 of SamplingParams(temperature=..., seed=..., **fields) (AssayError for bad values)."""
+        return cls.for_choice(SamplingParams(temperature=temperature, seed=seed, **fields), 0)
+
+    @classmethod
+    def for_choice(cls, params: SamplingParams, index: int) -> Sampling:
+        """Choice `index` of n, with a generator of its own seeded with seed + index; a request without a seed
+        gets a random one, so two such requests differ."""
+        if params.greedy:
+            return cls(params)
+        seed = random.getrandbits(63) if params.seed is None else (params.seed + index) % SEED_MODULUS
+        return cls(params, torch.Generator(device="cpu").manual_seed(seed))
+
+    def fork(self, index: int) -> Sampling:
+        return Sampling.for_choice(self.params, index)
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
     def draw(self, logits: torch.Tensor) -> int:
         """logits [vocab] float32 on the CPU -> one token: temperature, top-k, top-p, then a draw."""
-        scaled = logits / self.temperature
-        if 0 < self.top_k < scaled.shape[-1]:
-            kth = torch.topk(scaled, self.top_k).values[-1]
+        params = self.params
+        scaled = logits / params.temperature
+        if 0 < params.top_k < scaled.shape[-1]:
+            kth = torch.topk(scaled, params.top_k).values[-1]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        if self.top_p < 1.0:
+        if params.top_p < 1.0:
             ordered, order = torch.sort(scaled, descending=True)
             probs = torch.softmax(ordered, dim=-1)
             # Keep the smallest head whose mass reaches top_p: a token stays if the mass before it is below top_p.
             before = torch.cumsum(probs, dim=-1) - probs
-            scaled = scaled.scatter(-1, order[before >= self.top_p], float("-inf"))
+            scaled = scaled.scatter(-1, order[before >= params.top_p], float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator).item())
 
@@ -125,13 +157,13 @@ def _entries(logprobs: torch.Tensor, tokens: Sequence[int], k: int) -> list[Toke
 
 def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], rows: Sequence[Sampling]) -> list[TokenLogprob | None]:
     """logits [N, vocab] -> for each row that asks for them, its chosen token's log-probability and top k."""
-    wanted = [row for row, sampling in enumerate(rows) if sampling.logprobs is not None]
+    wanted = [row for row, sampling in enumerate(rows) if sampling.params.logprobs is not None]
     result: list[TokenLogprob | None] = [None] * len(rows)
     if not wanted:
         return result
     logprobs = torch.log_softmax(logits[wanted].float(), dim=-1)
     for i, row in enumerate(wanted):
-        result[row] = _entries(logprobs[i : i + 1], [tokens[row]], rows[row].logprobs)[0]
+        result[row] = _entries(logprobs[i : i + 1], [tokens[row]], rows[row].params.logprobs)[0]
     return result
 
 
@@ -146,4 +178,4 @@ def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], k: int) -> list
     return entries
 
 
-__all__ = ["Sampling", "TokenLogprob", "prompt_logprobs", "sample_tokens", "token_logprobs"]
+__all__ = ["Sampling", "SamplingParams", "TokenLogprob", "prompt_logprobs", "sample_tokens", "token_logprobs"]
