@@ -52,14 +52,14 @@ def interleaved_token_cost(model_path: str, batch: int = 8, tokens: int = 64, ro
     import torch
 
     from assay.serve import Engine, EngineConfig
-    from assay.serve.runner.weights import load_adapter
+    from assay.serve.runner.weights import load_slot_model
     from assay.serve.bench import corpus_token_ids, make_prompts
 
     folder = Path(model_path)
-    adapter = load_adapter(folder, torch.device("cpu"), max(LENGTHS) + tokens)
+    slot_model = load_slot_model(folder, torch.device("cpu"), max(LENGTHS) + tokens)
     engines = {
         length: Engine(
-            adapter,
+            slot_model,
             EngineConfig(max_seqs=batch, buckets=(batch,), max_prompt_tokens=length, max_new_tokens=tokens, max_len=length + tokens),
             tokenizer_dir=folder,
         )

@@ -2,7 +2,7 @@
 window, the server's memory over time, and the plot.
 
 What memory growth the engine means to keep: its accounting holds the most recent RECENT decode-step
-records and finished requests' timings (assay/serve/accounting.py), so a server's resident memory grows
+records and finished requests' timings (assay/serve/engine/stats.py), so a server's resident memory grows
 with every step and request until those deques are full (about 40 MiB), then stays. The report measures
 the bytes of one record of each kind here (tracemalloc) and, from the server's own counters, how much of
 the growth after warm-up they explain; the target is on the raw RSS all the same.

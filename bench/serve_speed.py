@@ -102,12 +102,12 @@ def prompts_for(tokenizer, n: int, length: int, seed: int) -> list[list[int]]:
     return make_prompts(corpus_token_ids(tokenizer), length, n, random.Random(seed))
 
 
-def assay_engine(adapter, folder: Path, mode: str, n: int, prompt: int, new: int):
+def assay_engine(slot_model, folder: Path, mode: str, n: int, prompt: int, new: int):
     from assay.serve import Engine, EngineConfig
 
     config = EngineConfig(max_seqs=n, buckets=(n,), eager=mode == "eager", max_waiting=n, max_prompt_tokens=prompt,
                           max_new_tokens=new, max_len=prompt + new)
-    engine = Engine(adapter, config, tokenizer_dir=folder)
+    engine = Engine(slot_model, config, tokenizer_dir=folder)
     engine.warm_up()
     return engine
 
@@ -156,21 +156,21 @@ def top_ops(fn, rows: int = 15) -> list[dict]:
 def run(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from assay.serve.runner.weights import load_adapter
+    from assay.serve.runner.weights import load_slot_model
 
     folder = Path(args.model)
     facts = model_facts(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     pad_id = tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     rates_before = machine_rates(args.dtypes)
-    cells, hf_models, adapters = {}, {}, {}
+    cells, hf_models, slot_models = {}, {}, {}
     for dtype in args.dtypes:
-        adapters[dtype] = load_adapter(folder, torch.device("cpu"), args.prompt_tokens + args.max_tokens, dtype)
+        slot_models[dtype] = load_slot_model(folder, torch.device("cpu"), args.prompt_tokens + args.max_tokens, dtype)
         hf_models[dtype] = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
         for n in args.widths:
             for mode in args.modes:
                 started = time.perf_counter()
-                engine = assay_engine(adapters[dtype], folder, mode, n, args.prompt_tokens, args.max_tokens)
+                engine = assay_engine(slot_models[dtype], folder, mode, n, args.prompt_tokens, args.max_tokens)
                 cells[(dtype, n, mode)] = {"engine": engine, "warmup_s": time.perf_counter() - started, "waves": []}
             cells[(dtype, n, "transformers")] = {"waves": []}
     prompts = {n: prompts_for(tokenizer, n, args.prompt_tokens, n) for n in args.widths}
@@ -193,17 +193,17 @@ def run(args) -> dict:
     rates = {"matmul_flops": {d: max(rates_before["matmul_flops"][d], rates_after["matmul_flops"][d]) for d in args.dtypes},
              "read_bytes_per_s": max(rates_before["read_bytes_per_s"], rates_after["read_bytes_per_s"]),
              "before": rates_before, "after": rates_after}
-    return summarise(args, facts, cells, adapters, rates)
+    return summarise(args, facts, cells, slot_models, rates)
 
 
-def summarise(args, facts, cells, adapters, rates) -> dict:
+def summarise(args, facts, cells, slot_models, rates) -> dict:
     rows, misses = [], []
     widest = max(args.widths)
     for (dtype, n, system), cell in cells.items():
         if system == "transformers":
             continue
-        adapter = adapters[dtype]
-        weight_bytes = sum(p.numel() * p.element_size() for p in adapter.model.parameters())
+        slot_model = slot_models[dtype]
+        weight_bytes = sum(p.numel() * p.element_size() for p in slot_model.model.parameters())
         floor = floors(facts, n, args.prompt_tokens, args.max_tokens, rates["matmul_flops"][dtype], rates["read_bytes_per_s"],
                        weight_bytes, 4)  # the KV pool is float32 (--state-dtype default)
         waves, hf_waves = cell["waves"], cells[(dtype, n, "transformers")]["waves"]

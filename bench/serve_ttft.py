@@ -91,18 +91,18 @@ def summary(values: list[float]) -> dict:
 
 def run(args) -> dict:
     from assay.serve import Engine, EngineConfig
-    from assay.serve.runner.weights import load_adapter
+    from assay.serve.runner.weights import load_slot_model
     from assay.serve.bench import corpus_token_ids, make_prompts
 
     folder = Path(args.model)
     max_len = args.long_tokens + args.max_tokens
-    adapter = load_adapter(folder, torch.device("cpu"), max_len, args.dtype)
+    slot_model = load_slot_model(folder, torch.device("cpu"), max_len, args.dtype)
     buckets = tuple(2**i for i in range(args.max_seqs.bit_length()) if 2**i < args.max_seqs) + (args.max_seqs,)
     config = EngineConfig(max_seqs=args.max_seqs, buckets=buckets, eager=args.mode == "eager", max_waiting=1024,
                           max_prompt_tokens=args.long_tokens, max_new_tokens=args.max_tokens, max_len=max_len,
                           max_prefill_tokens=args.max_prefill_tokens,
                           **({} if args.long_prefill_token_threshold is None else {"long_prefill_token_threshold": args.long_prefill_token_threshold}))
-    engine = Engine(adapter, config, tokenizer_dir=folder)
+    engine = Engine(slot_model, config, tokenizer_dir=folder)
     started = time.perf_counter()
     engine.warm_up()
     warmup_s = time.perf_counter() - started

@@ -27,7 +27,7 @@ from torch import nn
 
 from assay.core.errors import AssayError
 from assay.models import ARCH_PACKAGES  # noqa: F401  (public here too)
-from assay.models.slots import CacheSpec, ModelAdapter
+from assay.models.slots import CacheSpec, SlotModel
 
 # Where the built-in entries live: ARCH_PACKAGES (assay/models/__init__.py, torch-free there so that --help
 # texts can name them). Adding an architecture: a folder, its register(...) call, one line there.
@@ -179,15 +179,15 @@ class ArchSpec:
         window), a fixed state does not."""
         return self.cache.bytes_per_sequence(args, seq_len, dtype)
 
-    def serving_adapter(self, folder: str | os.PathLike, device: torch.device, max_len: int) -> ModelAdapter:
+    def serving_adapter(self, folder: str | os.PathLike, device: torch.device, max_len: int) -> SlotModel:
         """The slot adapter (prefill into slots, decode a batch of slots) over the checkpoint's model."""
         from pathlib import Path
 
-        return self.cache.adapter.load(self, Path(folder), device, max_len)
+        return self.cache.slot_model.load(self, Path(folder), device, max_len)
 
-    def adapter_for(self, model: nn.Module, args: Any) -> ModelAdapter:
+    def adapter_for(self, model: nn.Module, args: Any) -> SlotModel:
         """The slot adapter over an already loaded model."""
-        return self.cache.adapter(model, args, self.name)
+        return self.cache.slot_model(model, args, self.name)
 
 
 _BY_NAME: dict[str, ArchSpec] = {}

@@ -1,13 +1,13 @@
-"""Slot serving for native models: how a loaded model lays out its per-sequence state in the engine's
-slot pool, prefills a right-padded batch of prompts (or later chunks of them) into slots and decodes a
+"""Slot models: a loaded native model seen through its per-sequence state in the serving engine's slot pool.
+A slot model prefills a right-padded batch of prompts (or later chunks of them) into slots and decodes a
 batch of slots by one token.
 
-Two kinds, chosen by an architecture's registry entry (never by asking which architecture it is):
-  StateAdapter    a fixed-state model (GLA): one [H, K, V] matrix per layer and slot, whatever the length;
-                  prefill through the chunked form, decode through the recurrent step.
-  KVCacheAdapter  a transformer with a static key/value cache per slot (any KVCacheDecodingMixin model:
-                  Qwen3, Llama, Gemma 3): [max_len, Hkv, D] per layer for k and for v, a sliding-window
-                  layer a ring of [min(window, max_len), Hkv, D].
+Two kinds, chosen by an architecture's registry entry (never by asking which architecture it is), each over
+a model that keeps one of the two decode contracts (the Protocols below):
+  StateSlotModel    a FixedStateModel (GLA): one [H, K, V] matrix per layer and slot, whatever the length;
+                    prefill through the chunked form, decode through the recurrent step.
+  KVCacheSlotModel  a KVCacheModel (any KVCacheDecodingMixin model: Qwen3, Llama, Gemma 3): [max_len, Hkv, D]
+                    per layer for k and for v, a sliding-window layer a ring of [min(window, max_len), Hkv, D].
 
 Every decode is `decode(tokens [W, 1], slot_ids [W], positions [W], buffers) -> logits [W, vocab]`: the
 function the engine compiles once per width. It gathers its rows from the pool, runs the model's step
@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -32,6 +32,43 @@ if TYPE_CHECKING:
 
 # The "transformer of the same size" is compared in bfloat16, the dtype such caches are served in.
 KV_REFERENCE_DTYPE = torch.bfloat16
+
+
+class FixedStateModel(Protocol):
+    """The decode contract of a fixed-state model: its state is a list of tensors per sequence, the same size
+    however long the sequence (per layer [B, H, K, V], then any conv windows)."""
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        """Per-sequence shape of each state tensor."""
+        ...
+
+    def prefill(self, tokens: torch.Tensor, state: list[torch.Tensor] | None = None, mask: torch.Tensor | None = None,
+                logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """tokens [B, T] (state None: zeros) -> (logits [B, T, vocab], or [B, 1, vocab] at logits_at; the state after them)."""
+        ...
+
+    def decode_step(self, tokens: torch.Tensor, state: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """tokens [B, 1] -> (logits [B, 1, vocab], the state after them)."""
+        ...
+
+
+class KVCacheModel(Protocol):
+    """The decode contract of a KV-cache model (assay.models.common.kv_cache.KVCacheDecodingMixin): a static
+    cache of (keys, values) per layer with one row per slot, written in place at each token's position."""
+
+    def init_kv_cache(self, n_rows: int, max_len: int, dtype: torch.dtype | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        ...
+
+    def prefill_batch(self, tokens: torch.Tensor, kv_cache: list[tuple[torch.Tensor, torch.Tensor]], slot_ids: torch.Tensor,
+                      lengths: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+                      all_logits: bool = False) -> torch.Tensor:
+        """tokens [B, T] right-padded into rows slot_ids -> logits (as SlotModel.prefill_batch)."""
+        ...
+
+    def decode_step(self, tokens: torch.Tensor, kv_cache: list[tuple[torch.Tensor, torch.Tensor]], slot_ids: torch.Tensor,
+                    positions: torch.Tensor) -> torch.Tensor:
+        """tokens [W, 1] at positions [W] of rows slot_ids [W] -> logits [W, 1, vocab]."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -49,8 +86,8 @@ class KVLayout:
         return sum(kv_cache_bytes_per_sequence(1, self.n_kv_heads, self.head_dim, positions, dtype) for positions in kept)
 
 
-class ModelAdapter(ABC):
-    """What the engine needs from an architecture. Subclasses hold the loaded model as `self.model`."""
+class SlotModel(ABC):
+    """What the serving engine needs from an architecture. Subclasses hold the loaded model as `self.model`."""
 
     model_type: str = ""
     model: nn.Module
@@ -59,7 +96,7 @@ class ModelAdapter(ABC):
         self.model, self.args, self.model_type = model, args, model_type
 
     @classmethod
-    def load(cls, spec: ArchSpec, folder: Path, device: torch.device, max_len: int) -> ModelAdapter:
+    def load(cls, spec: ArchSpec, folder: Path, device: torch.device, max_len: int) -> SlotModel:
         """The checkpoint's native model in eval mode, ready for sequences up to max_len tokens."""
         model, args = spec.load(folder, device=device, dtype=torch.float32)
         return cls(model.eval(), args, spec.name)
@@ -117,8 +154,10 @@ class ModelAdapter(ABC):
         return buffers
 
 
-class StateAdapter(ModelAdapter):
-    """A fixed-state model with init_state-free prefill(tokens) -> (logits, state) and decode_step(tokens, state)."""
+class StateSlotModel(SlotModel):
+    """A FixedStateModel in the slot pool: its state tensors are the pool's buffers."""
+
+    model: FixedStateModel
 
     def pool_buffers(self, n_rows, dtype, max_len):
         # One buffer per state tensor (the model's state_shapes: per layer [H, K, V], then any conv states).
@@ -166,8 +205,10 @@ class StateAdapter(ModelAdapter):
         return KVLayout(args.n_layers, args.n_heads, args.dim // args.n_heads, f"MHA, {args.n_heads} heads x {args.dim // args.n_heads}")
 
 
-class KVCacheAdapter(ModelAdapter):
-    """A KVCacheDecodingMixin model (assay.models.common.kv_cache): init_kv_cache, prefill_batch, decode_step."""
+class KVCacheSlotModel(SlotModel):
+    """A KVCacheModel in the slot pool: its keys and values are the pool's buffers (k, v, k, v, ...)."""
+
+    model: KVCacheModel
 
     @classmethod
     def load(cls, spec, folder, device, max_len):
@@ -240,7 +281,7 @@ class CacheSpec:
     """How an architecture keeps a sequence's history while decoding."""
 
     kind: str  # "kv_cache" (grows with the sequence) or "state" (fixed size)
-    adapter: type[ModelAdapter]
+    slot_model: type[SlotModel]
     bytes_per_sequence: Any  # (args, seq_len, dtype) -> bytes
 
     @property
@@ -248,5 +289,5 @@ class CacheSpec:
         return self.kind == "kv_cache"
 
 
-KV_CACHE = CacheSpec("kv_cache", KVCacheAdapter, kv_bytes)
-FIXED_STATE = CacheSpec("state", StateAdapter, state_bytes)
+KV_CACHE = CacheSpec("kv_cache", KVCacheSlotModel, kv_bytes)
+FIXED_STATE = CacheSpec("state", StateSlotModel, state_bytes)

@@ -1,5 +1,6 @@
 """Serving fixed-state models: a slot pool, continuous batching at bucketed decode widths, the cost of
-compilation made visible, and `assay serve-bench`.
+compilation made visible, and `assay serve-bench`. Three layers, a request flowing one way: http/ (the
+OpenAI-compatible API) -> engine/ (scheduler, sampling, accounting) -> runner/ (the model step).
 
     from assay.serve import Engine, EngineConfig
     engine = Engine.from_checkpoint("zoo/gla", EngineConfig(max_seqs=8, buckets=(1, 2, 4, 8)))
@@ -18,11 +19,11 @@ _EXPORTS = {
     "EngineConfig": "assay.serve.engine.config",
     "QueueFull": "assay.serve.engine.config",
     "TokenEvent": "assay.serve.engine.config",
+    "SamplingParams": "assay.serve.engine.sampling",
     "EngineStats": "assay.serve.engine.stats",
     "StepRecord": "assay.serve.engine.stats",
     "SlotPool": "assay.serve.runner.pool",
-    "load_adapter": "assay.serve.runner.weights",
-    "ModelAdapter": "assay.serve.runner.weights",
+    "load_slot_model": "assay.serve.runner.weights",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,7 +29,7 @@ import torch
 from assay.core.errors import AssayError
 from assay.serve.engine.config import EngineConfig
 from assay.serve.engine.engine import Engine
-from assay.serve.engine.scheduler import DEFAULT_BUCKETS
+from assay.serve.engine.scheduler import AUTO_BUCKETS
 
 ARRIVALS = ("poisson", "burst", "fixed")
 MODES = ("buckets", "none", "eager")
@@ -47,7 +47,7 @@ class ServeBenchRequest:
     prompt_tokens: tuple[int, ...] = (128,)  # one run per value
     max_tokens: int = 32
     modes: tuple[str, ...] = ("buckets",)
-    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    buckets: tuple[int, ...] | str = AUTO_BUCKETS  # what EngineConfig.buckets takes
     max_seqs: int = 64
     device: str = "cpu"
     backend: str = "inductor"
@@ -243,15 +243,15 @@ def run_serve_bench(request: ServeBenchRequest, progress: bool = True) -> ServeB
     from assay.core.device import resolve_device
     from assay.core.progress import progress_bar
     from assay.models.hf_checkpoint import checkpoint_dir
-    from assay.serve.runner.weights import load_adapter
+    from assay.serve.runner.weights import load_slot_model
     from assay.serve.runner.sizing import check_max_len
 
     device = resolve_device(request.device)
     folder = checkpoint_dir(request.model)
     max_len = max(request.prompt_tokens) + request.max_tokens
     check_max_len(folder, max_len, "--prompt-tokens + --max-tokens")  # the longest run's slot length
-    adapter = load_adapter(folder, device, max_len, request.dtype)
-    first = Engine(adapter, replace(_engine_config(request, "eager", 1), max_seqs=1, buckets=(1,)), tokenizer_dir=folder)
+    slot_model = load_slot_model(folder, device, max_len, request.dtype)
+    first = Engine(slot_model, replace(_engine_config(request, "eager", 1), max_seqs=1, buckets=(1,)), tokenizer_dir=folder)
     corpus_ids = corpus_token_ids(first.tokenizer)
     del first
     cells = [
@@ -266,7 +266,7 @@ def run_serve_bench(request: ServeBenchRequest, progress: bool = True) -> ServeB
             prompts = make_prompts(corpus_ids, prompt_tokens, request.requests, random.Random(request.seed + prompt_tokens))
             with fresh_inductor_cache(request.fresh_compile_cache and mode != "eager"):
                 reset()  # dynamo forgets the previous run's graphs: every run compiles from scratch
-                engine = Engine(adapter, _engine_config(request, mode, prompt_tokens), tokenizer_dir=folder)
+                engine = Engine(slot_model, _engine_config(request, mode, prompt_tokens), tokenizer_dir=folder)
                 sent, finished, timed_out, wall_s = run_one(engine, request, prompts, concurrency)
             runs.append(
                 ServeBenchRun(request.arrivals, mode, prompt_tokens, concurrency, request.max_seqs, sent, finished, timed_out, wall_s,
@@ -274,7 +274,7 @@ def run_serve_bench(request: ServeBenchRequest, progress: bool = True) -> ServeB
             )
             del engine
             advance(f"{mode} prompt {prompt_tokens}" + (f" x{concurrency}" if concurrency else ""))
-    return ServeBenchResult(request, adapter.model_type, str(device), runs)
+    return ServeBenchResult(request, slot_model.model_type, str(device), runs)
 
 
 # ---------------------------------------------------------------- plot

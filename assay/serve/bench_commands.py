@@ -32,7 +32,7 @@ def serve_bench_command(
     prompt_tokens: str = typer.Option("128", "--prompt-tokens", help="prompt length; a list runs each (2048,8192)"),
     max_tokens: int = typer.Option(32, "--max-tokens", help="output tokens per request"),
     modes: str = typer.Option("buckets", "--modes", help="buckets, none (--no-buckets) and/or eager, comma-separated"),
-    buckets: str = typer.Option("1,2,4,8,16,32,64", "--buckets", help="decode widths compiled at warm-up"),
+    buckets: str = typer.Option("auto", "--buckets", help="decode widths compiled at warm-up (auto: powers of two up to --max-seqs)"),
     max_seqs: int = typer.Option(64, "--max-seqs", help="slots in the pool"),
     device: str = device_option(),
     backend: str = backend_option(),
@@ -51,14 +51,14 @@ def serve_bench_command(
     from assay.core.files import atomic_write_json
     from assay.core.output import print_json, print_table
     from assay.serve.bench import SUMMARY_COLUMNS, ServeBenchRequest, plot_serve_bench, run_serve_bench
-    from assay.serve.engine.scheduler import parse_buckets
+    from assay.serve.engine.scheduler import resolve_buckets
 
     quiet_libraries()
     request = ServeBenchRequest(
         model=model, arrivals=arrivals, rate=rate, burst_size=burst_size, burst_interval_s=burst_interval,
         concurrency=_int_list("--concurrency", concurrency), requests=requests,
         prompt_tokens=_int_list("--prompt-tokens", prompt_tokens), max_tokens=max_tokens, modes=_modes(modes),
-        buckets=parse_buckets(buckets), max_seqs=max_seqs, device=device, backend=backend, state_dtype=state_dtype, dtype=dtype,
+        buckets=resolve_buckets(buckets, max_seqs), max_seqs=max_seqs, device=device, backend=backend, state_dtype=state_dtype, dtype=dtype,
         time_limit_s=time_limit, seed=seed, check_eager=check_eager, fresh_compile_cache=not reuse_cache,
         max_prefill_tokens=max_prefill_tokens,
     )

@@ -1,61 +1,54 @@
-"""`assay serve`: flags in, an engine warmed up, the OpenAI-compatible HTTP server until SIGINT/SIGTERM."""
+"""`assay serve`: flags in, an engine warmed up, the OpenAI-compatible HTTP server until SIGINT/SIGTERM.
+
+The flags are not written here: each is a field of ServeRequest (the engine's in EngineConfig, the server's in
+settings.py) with its flag and help, and `options` turns those fields into the command's Typer options.
+"""
 
 from __future__ import annotations
 
+import inspect
 import sys
-from typing import Optional
+import typing
+from dataclasses import MISSING, fields
 
 import typer
 
-from assay.core.cli import backend_option, device_option, quiet_libraries
 from assay.core.checks import check_checkpoint
+from assay.core.cli import quiet_libraries
 from assay.core.errors import AssayError
-from assay.models import builtin_arch_names
+from assay.serve.settings import ServeRequest, check_request, engine_config
+
+# Not settings of the engine or the server: how many of them run, and where.
+_EXECUTION = [
+    inspect.Parameter("executor", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+                      default=typer.Option("local", "--executor", help="local (this process) or ray (Ray Serve replicas)")),
+    inspect.Parameter("replicas", inspect.Parameter.KEYWORD_ONLY, annotation=int,
+                      default=typer.Option(1, "--replicas", help="--executor ray: engine replicas, one device each")),
+]
 
 
-def serve_command(
-    model: str = typer.Option(..., "--model", help=f"checkpoint folder of a registered architecture ({', '.join(builtin_arch_names())}; config.json, weights, tokenizer)"),
-    device: str = device_option(),
-    backend: str = backend_option(help="torch.compile backend of the decode step"),
-    max_seqs: int = typer.Option(64, "--max-seqs", help="slots in the pool: sequences decoded together"),
-    buckets: Optional[str] = typer.Option(None, "--buckets", help="decode widths, e.g. 1,2,4,8 (default: powers of two up to --max-seqs)"),
-    no_buckets: bool = typer.Option(False, "--no-buckets", help="decode at the exact running count (each new count compiles)"),
-    eager: bool = typer.Option(False, "--eager", help="no torch.compile: exact, reproducible logits"),
-    state_dtype: str = typer.Option("float32", "--state-dtype", help="dtype of each slot's state: float32 or bfloat16"),
-    dtype: str = typer.Option("float32", "--dtype", help="dtype of the weights: float32 or bfloat16 (logits stay float32)"),
-    max_waiting: int = typer.Option(256, "--max-waiting", help="requests queued for a slot before new ones get 429"),
-    max_prompt_tokens: int = typer.Option(8192, "--max-prompt-tokens", help="longest prompt accepted"),
-    max_new_tokens: int = typer.Option(4096, "--max-new-tokens", help="largest max_tokens accepted"),
-    max_prefill_tokens: Optional[int] = typer.Option(None, "--max-prefill-tokens", show_default=False, help="prompt tokens (padding included) prefilled per step at most; a longer prompt is prefilled in chunks between decode steps (default 2048)"),
-    long_prefill_token_threshold: Optional[int] = typer.Option(None, "--long-prefill-token-threshold", show_default=False, help="a prompt of more tokens is long: shorter prompts are prefilled first and one long prompt at a time takes the rest of the budget (default 512; 0: first come, first served)"),
-    max_len: Optional[int] = typer.Option(None, "--max-len", help="KV-cache models: positions per slot (default prompt + new tokens; past the model's positions only where its rope scaling reaches)"),
-    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0 for every interface)"),
-    port: int = typer.Option(8000, "--port", help="port to listen on (0: a free port, printed)"),
-    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="the name clients pass as model (default: the folder name)"),
-    executor: str = typer.Option("local", "--executor", help="local (this process) or ray (Ray Serve replicas)"),
-    replicas: int = typer.Option(1, "--replicas", help="--executor ray: engine replicas, one device each"),
-    api_key: Optional[str] = typer.Option(
-        None, "--api-key", envvar="ASSAY_API_KEY", show_default=False, show_envvar=True,
-        help="every /v1/* route needs 'Authorization: Bearer KEY' (/health and /metrics stay open); prefer the environment variable ASSAY_API_KEY (not in the process list)",
-    ),
-    max_request_bytes: Optional[int] = typer.Option(
-        None, "--max-request-bytes", show_default=False,
-        help="a larger request body is refused (413) before it is parsed (default 16777216: 16 MiB)",
-    ),
-):
+def options(settings: type) -> list[inspect.Parameter]:
+    """One Typer option per dataclass field with a "flag" in its metadata (required fields first), typed as
+    the field is (or as its metadata's "type", for a value given as text)."""
+    hints = typing.get_type_hints(settings)
+    parameters = []
+    for spec in fields(settings):
+        if "flag" not in spec.metadata:
+            continue
+        cli = dict(spec.metadata)
+        flag, annotation = cli.pop("flag"), cli.pop("type", hints[spec.name])
+        default = ... if spec.default is MISSING else spec.default
+        parameters.append(inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                            default=typer.Option(default, flag, **cli)))
+    return sorted(parameters, key=lambda parameter: parameter.default.default is not ...)
+
+
+def serve_command(executor: str, replicas: int, **settings) -> None:
     """Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /health, /metrics)."""
     # The checkpoint (config, weights header, tokenizer: the HTTP API takes and returns text) before
     # anything is imported or loaded.
-    check_checkpoint(model)
-    from assay.serve.launch import serve
-    from assay.serve.settings import ServeRequest, check_request, engine_config
-
-    request = ServeRequest(
-        model=model, device=device, backend=backend, max_seqs=max_seqs, buckets=buckets, no_buckets=no_buckets, eager=eager,
-        state_dtype=state_dtype, dtype=dtype, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
-        max_len=max_len, max_prefill_tokens=max_prefill_tokens, long_prefill_token_threshold=long_prefill_token_threshold, host=host, port=port, served_model_name=served_model_name, api_key=api_key or None,
-        **({} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}),
-    )
+    check_checkpoint(settings["model"])
+    request = ServeRequest(**(settings | {"api_key": settings["api_key"] or None}))
     # Every flag before torch is imported (serve() checks them again, for callers other than this command).
     if executor not in ("local", "ray"):
         raise AssayError(f"unknown --executor {executor!r}: local or ray")
@@ -70,8 +63,15 @@ def serve_command(
 
         serve_with_ray(request, replicas, announce=announce)
     else:
+        from assay.serve.launch import serve
+
         serve(request, announce=announce)
     sys.stdout.flush()
+
+
+_PARAMETERS = options(ServeRequest) + _EXECUTION
+serve_command.__signature__ = inspect.Signature(_PARAMETERS)
+serve_command.__annotations__ = {parameter.name: parameter.annotation for parameter in _PARAMETERS}
 
 
 def register(app: typer.Typer) -> None:

@@ -6,6 +6,7 @@ Imports neither FastAPI nor uvicorn at the top: `assay serve` reports a missing 
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from assay.core.errors import AssayError
@@ -25,7 +26,7 @@ def load_engine(request: ServeRequest, config):
 
 def _import_app():
     try:
-        import uvicorn  # noqa: F401 (only checked here; uvicorn_server imports it)
+        importlib.import_module("uvicorn")  # only checked here; uvicorn_server imports it
 
         from assay.serve.http.app import create_app
     except ImportError as exc:
@@ -39,7 +40,7 @@ def serve(request: ServeRequest, announce=print) -> None:
     config = engine_config(request)  # bad flags fail here, before torch is imported and the model loads
     create_app = _import_app()
     from assay.models.hf_checkpoint import checkpoint_dir
-    from assay.serve.runner.weights import adapter_dtype
+    from assay.serve.runner.weights import weights_dtype
 
     folder = checkpoint_dir(request.model)
     engine = load_engine(request, config)
@@ -52,7 +53,7 @@ def serve(request: ServeRequest, announce=print) -> None:
     stats = engine.stats()
     slots = f"{config.max_seqs} slots" + (f" of {stats.memory.max_len} positions" if stats.memory.max_len else "")
     announce(
-        f"serving {model_name} ({stats.model_type}, {adapter_dtype(engine.adapter)}, {config.mode}, {slots}, "
+        f"serving {model_name} ({stats.model_type}, {weights_dtype(engine.slot_model)}, {config.mode}, {slots}, "
         f"{stats.warmup_compiles} widths compiled in {stats.warmup_s:.1f} s) at {server_url(sock)}"
     )
     try:

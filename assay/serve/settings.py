@@ -3,66 +3,45 @@ the engine configuration it resolves to, checked before torch is imported."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from assay.core.errors import AssayError
+from assay.models import builtin_arch_names
+from assay.serve.engine.config import EngineConfig, setting
+from assay.serve.engine.scheduler import AUTO_BUCKETS
 from assay.serve.http.middleware import DEFAULT_MAX_REQUEST_BYTES
 
 
-@dataclass(frozen=True)
-class ServeRequest:
-    model: str
-    device: str = "cpu"
-    backend: str = "inductor"
-    max_seqs: int = 64
-    buckets: Optional[str] = None  # "1,2,4,8"; None: powers of two up to max_seqs
-    no_buckets: bool = False
-    eager: bool = False
-    state_dtype: str = "float32"
-    dtype: str = "float32"  # the weights' (--dtype): float32 or bfloat16; logits are float32 either way
-    max_prefill_tokens: int | None = None  # None: the engine's default budget
-    long_prefill_token_threshold: int | None = None  # None: the engine's default
-    max_waiting: int = 256
-    max_prompt_tokens: int = 8192
-    max_new_tokens: int = 4096
-    max_len: Optional[int] = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: Optional[str] = None
+@dataclass(frozen=True, kw_only=True)
+class ServeRequest(EngineConfig):
+    """The checkpoint, the engine's settings (EngineConfig's fields, each declared there once) and the server's.
+    `assay serve` derives its options from the fields with a flag (commands.py)."""
+
+    model: str = field(metadata={"flag": "--model", "help": f"checkpoint folder of a registered architecture "
+                                                            f"({', '.join(builtin_arch_names())}; config.json, weights, tokenizer)"})
+    no_buckets: bool = setting(False, "--no-buckets", "decode at the exact running count (each new count compiles)")
+    host: str = setting("127.0.0.1", "--host", "address to listen on (0.0.0.0 for every interface)")
+    port: int = setting(8000, "--port", "port to listen on (0: a free port, printed)")
+    served_model_name: Optional[str] = setting(None, "--served-model-name", "the name clients pass as model (default: the folder name)")
     # Every /v1/* route needs `Authorization: Bearer <api_key>` (None: open). Kept out of repr, so out of logs.
-    api_key: Optional[str] = field(default=None, repr=False)
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a larger body is 413 before it is parsed
+    api_key: Optional[str] = field(default=None, repr=False, metadata={
+        "flag": "--api-key", "envvar": "ASSAY_API_KEY", "show_default": False, "show_envvar": True,
+        "help": "every /v1/* route needs 'Authorization: Bearer KEY' (/health and /metrics stay open); prefer the environment "
+                "variable ASSAY_API_KEY (not in the process list)"})
+    max_request_bytes: int = setting(DEFAULT_MAX_REQUEST_BYTES, "--max-request-bytes", "a larger request body is refused (413) before it is parsed")
+
+    def __post_init__(self):
+        if self.no_buckets and self.buckets not in (None, AUTO_BUCKETS):
+            raise AssayError("--buckets and --no-buckets exclude each other")
+        if self.no_buckets:
+            object.__setattr__(self, "buckets", None)
+        super().__post_init__()
 
 
-def default_buckets(max_seqs: int) -> tuple[int, ...]:
-    """1, 2, 4, ... up to the first power of two >= max_seqs: every running count has a bucket."""
-    widths = [1]
-    while widths[-1] < max_seqs:
-        widths.append(widths[-1] * 2)
-    return tuple(widths)
-
-
-def engine_config(request: ServeRequest):
-    """The engine's flags, checked (with --dtype, and --max-len against the checkpoint's positions)."""
-    from assay.serve.engine.config import EngineConfig
-    from assay.serve.engine.scheduler import parse_buckets
-
-    if request.no_buckets and request.buckets is not None:
-        raise AssayError("--buckets and --no-buckets exclude each other")
-    if request.no_buckets:
-        buckets = None
-    elif request.buckets is not None:
-        buckets = parse_buckets(request.buckets)
-    else:
-        buckets = default_buckets(request.max_seqs)
-    config = EngineConfig(
-        max_seqs=request.max_seqs, buckets=buckets, eager=request.eager, device=request.device, backend=request.backend,
-        state_dtype=request.state_dtype, max_waiting=request.max_waiting, max_prompt_tokens=request.max_prompt_tokens,
-        max_new_tokens=request.max_new_tokens, max_len=request.max_len, dtype=request.dtype,
-        **({} if request.max_prefill_tokens is None else {"max_prefill_tokens": request.max_prefill_tokens}),
-        **({} if request.long_prefill_token_threshold is None else {"long_prefill_token_threshold": request.long_prefill_token_threshold}),
-    )
+def engine_config(request: ServeRequest) -> EngineConfig:
+    """The engine's settings, checked (with --dtype, and --max-len against the checkpoint's positions)."""
+    config = EngineConfig(**{f.name: getattr(request, f.name) for f in fields(EngineConfig)})
     config.validate()
     if request.max_len is not None:  # sizing imports torch: only when there is a --max-len to check
         from assay.serve.runner.sizing import check_max_len

@@ -51,6 +51,13 @@ def test_assay_help_imports_no_torch():
     assert not {"torch", "numpy", "transformers", "pyarrow", "fastapi"} & modules, "assay --help imported a heavy library"
 
 
+SERVE_SETTINGS = {
+    "assay.serve.settings", "assay.serve.engine", "assay.serve.engine.config", "assay.serve.engine.scheduler",
+    "assay.serve.http", "assay.serve.http.middleware", "assay.serve.http.responses", "assay.serve.runner",
+    "assay.serve.runner.dtypes",
+}
+
+
 @pytest.mark.slow
 def test_assay_stack_imports_no_system_and_no_transformers():
     modules = _imports_of("stack", "--json", "--backend", "aot_eager")
@@ -60,7 +67,19 @@ def test_assay_stack_imports_no_system_and_no_transformers():
     # assay.models.auto: the import hook `import assay` installs (GLA for Transformers' Auto classes); it
     # imports neither torch nor Transformers until Transformers loads.
     allowed = {m for m in system_modules if m.count(".") == 1 or m.endswith(("commands", "bench_commands"))} | {"assay.models.auto"}
+    # `assay serve` derives its options from the settings' declarations (each declared once, with its flag):
+    # the torch-free modules that declare them, and the packages above them (whose faces load nothing).
+    allowed |= SERVE_SETTINGS & system_modules
     assert system_modules == allowed, sorted(system_modules - allowed)
+
+
+def test_serving_is_three_layer_packages_under_a_small_top():
+    # http -> engine -> runner (the import contract above holds the direction); what stays at the top is the
+    # commands, the settings, the start-up and Ray: at most 10 modules.
+    serve = REPO / "assay" / "serve"
+    assert {"http", "engine", "runner"} <= {path.name for path in serve.iterdir() if (path / "__init__.py").is_file()}
+    top = sorted(path.name for path in serve.glob("*.py"))
+    assert len(top) <= 10, top
 
 
 MAX_MODULE_LINES = 400

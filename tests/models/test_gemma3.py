@@ -231,7 +231,7 @@ def test_the_engine_serves_it_compiled_buckets_agree_with_eager_and_with_its_own
     check = engine.stats().as_dict()["eager_check"]
     assert check["steps"] > 0 and check["max_rel"] <= tolerance("compiled_vs_eager", torch.float32)
     for index, prompt in enumerate(PROMPTS):
-        assert tokens[f"r{index}"] == _greedy_full_forward(engine.adapter.model, prompt, 12), f"request r{index}"
+        assert tokens[f"r{index}"] == _greedy_full_forward(engine.slot_model.model, prompt, 12), f"request r{index}"
     # The pool holds what the slots keep: 48 positions for the global layer, a ring of 8 for the sliding one.
-    args = engine.adapter.args
+    args = engine.slot_model.args
     assert engine.stats().memory.state_bytes_per_sequence == 2 * args.n_kv_heads * args.head_dim * 4 * (48 + 8)

@@ -71,10 +71,10 @@ def test_prefill_batch_equals_one_prompt_at_a_time_and_a_second_chunk_continues(
     # The serving contract (ModelAdapter.prefill_batch): a right-padded batch of prompts of different lengths
     # gives each row's last logits and slot contents as that prompt alone; a second chunk continuing from the
     # slots equals the whole prompt in one pass; slots not in the batch are untouched.
-    from assay.models.slots import StateAdapter
+    from assay.models.slots import StateSlotModel
 
     args = replace(FLAVOURS["tiny"], use_short_conv=short_conv)
-    adapter = StateAdapter(build_gla(args, seed=0, std=0.2).eval(), args, "gla")
+    adapter = StateSlotModel(build_gla(args, seed=0, std=0.2).eval(), args, "gla")
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, args.vocab_size, (n,), generator=generator) for n in (7, 30, 2)]
     slots = torch.tensor([3, 1, 4])

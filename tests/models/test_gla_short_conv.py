@@ -124,7 +124,7 @@ def test_transformers_generate_and_the_engine_carry_the_conv_state(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from assay.serve import Engine, EngineConfig, run_to_completion
-    from assay.serve.runner.weights import load_adapter
+    from assay.serve.runner.weights import load_slot_model
 
     model = _model()
     export_hf(model, ARGS, tmp_path)
@@ -136,8 +136,8 @@ def test_transformers_generate_and_the_engine_carry_the_conv_state(tmp_path):
         output = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)
     assert output.tolist() == expected.tolist()  # greedy: prefill, then one step per token from the cached conv window
 
-    adapter = load_adapter(tmp_path, torch.device("cpu"), 64)
-    engine = Engine(adapter, EngineConfig(max_seqs=2, buckets=(1, 2), eager=True))
+    slot_model = load_slot_model(tmp_path, torch.device("cpu"), 64)
+    engine = Engine(slot_model, EngineConfig(max_seqs=2, buckets=(1, 2), eager=True))
     assert engine.pool.bytes_per_slot() == state_bytes_per_sequence(ARGS)
     other = _tokens(1, 9, seed=4)
     engine.add_request("a", prompt[0].tolist(), max_tokens=12)

@@ -13,20 +13,20 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.numerics import rel_error, tolerance
 from assay.serve import Engine, EngineConfig, QueueFull, run_to_completion
-from assay.models.slots import StateAdapter
-from assay.serve.runner.weights import load_adapter
+from assay.models.slots import StateSlotModel
+from assay.serve.runner.weights import load_slot_model
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [100, 200, 300, 400, 500, 600, 700], [42], [17, 18, 19, 20, 21, 22], [900, 3]]
 
 
 @pytest.fixture(scope="module")
-def gla(zoo_dir) -> StateAdapter:
-    return load_adapter(zoo_dir / "gla", torch.device("cpu"), 64)
+def gla(zoo_dir) -> StateSlotModel:
+    return load_slot_model(zoo_dir / "gla", torch.device("cpu"), 64)
 
 
-def _engine(adapter, zoo_dir=None, **overrides) -> Engine:
+def _engine(slot_model, zoo_dir=None, **overrides) -> Engine:
     config = EngineConfig(**({"max_seqs": 4, "buckets": (1, 2, 4), "backend": "aot_eager"} | overrides))
-    return Engine(adapter, config, tokenizer_dir=None if zoo_dir is None else zoo_dir / "gla")
+    return Engine(slot_model, config, tokenizer_dir=None if zoo_dir is None else zoo_dir / "gla")
 
 
 def _alone(model, prompt: list[int], n: int) -> list[int]:
@@ -189,7 +189,7 @@ def test_bfloat16_state_halves_the_pool_and_rounds_only_what_it_keeps(gla):
     prompt = torch.tensor([PROMPTS[2]])
     slot = engine16.pool.allocate()
     with torch.no_grad():
-        engine16.adapter.prefill(prompt, slot, engine16.pool.buffers)
+        engine16.slot_model.prefill(prompt, slot, engine16.pool.buffers)
         _, state = gla.model.prefill(prompt)
         # What the pool keeps is the float32 state rounded to bfloat16, nothing else.
         for buffer, layer_state in zip(engine16.pool.buffers, state):
@@ -198,7 +198,7 @@ def test_bfloat16_state_halves_the_pool_and_rounds_only_what_it_keeps(gla):
         # the bfloat16 recurrence tolerance of the float32 state's, and differ (the rounding is real).
         next_token = torch.tensor([[7]])
         slot_ids = torch.tensor([slot])
-        logits16 = engine16.adapter.decode(next_token, slot_ids, slot_ids, engine16.pool.buffers)
+        logits16 = engine16.slot_model.decode(next_token, slot_ids, slot_ids, engine16.pool.buffers)
         logits32 = gla.model.decode_step(next_token, [s.clone() for s in state])[0][:, 0]
     assert 0 < rel_error(logits16, logits32) <= tolerance("recurrence", torch.bfloat16)
     assert all(b[slot].dtype == torch.bfloat16 for b in engine16.pool.buffers)
@@ -253,11 +253,11 @@ def test_a_kv_cache_model_through_the_same_engine_gives_its_full_forward_greedy_
     for index, prompt in enumerate(PROMPTS):
         engine.add_request(f"r{index}", prompt, max_tokens=3 + index)
     tokens = run_to_completion(engine)
-    model = engine.adapter.model
+    model = engine.slot_model.model
     for index, prompt in enumerate(PROMPTS):
         assert tokens[f"r{index}"] == _greedy_full_forward(model, prompt, 3 + index), f"request r{index}"
     memory = engine.stats().memory
-    args = engine.adapter.args
+    args = engine.slot_model.args
     assert not memory.constant_state and memory.max_len == 64
     assert memory.state_bytes_per_sequence == 2 * args.n_layers * args.n_kv_heads * args.head_dim * 64 * 4
     assert engine.free_slots == 4
@@ -318,8 +318,8 @@ def test_without_max_len_a_kv_slot_stops_at_the_model_positions_and_fits_the_fre
     # be stretched), and for a real model's 64 slots more memory than a machine has.
     config = EngineConfig(max_seqs=2, buckets=(1, 2), eager=True)
     engine = Engine.from_checkpoint(zoo_dir / "llama", config)
-    assert engine.stats().memory.max_len == engine.adapter.max_positions() == 2048
-    per_position = engine.adapter.state_bytes_per_sequence(torch.float32, 1)
+    assert engine.stats().memory.max_len == engine.slot_model.max_positions() == 2048
+    per_position = engine.slot_model.state_bytes_per_sequence(torch.float32, 1)
     # The machine's free-memory reading set so that half of it holds 3 slots (2 + scratch) of 600 positions.
     monkeypatch.setattr("assay.serve.runner.sizing.free_memory_bytes", lambda device: 2 * 3 * 600 * per_position)
     assert Engine.from_checkpoint(zoo_dir / "llama", config).stats().memory.max_len == 512  # rounded down to 256s

@@ -1,4 +1,4 @@
-"""Batched, chunked prefill in the engine (serve/engine_prefill.py): prompts of different lengths prefilled in
+"""Batched, chunked prefill in the engine (serve/engine/scheduler.py plans it, serve/engine/engine.py runs it): prompts of different lengths prefilled in
 one right-padded call, a prompt longer than max_prefill_tokens chunked over steps while running sequences
 keep decoding, echo's prompt log-probabilities across chunks, n > 1 and aborts mid-prefill.
 
@@ -19,7 +19,7 @@ import torch
 from assay.core.numerics import assert_close
 from assay.models import registry
 from assay.serve import Engine, EngineConfig, run_to_completion
-from assay.serve.engine.prefill import plan_chunks, short_first
+from assay.serve.engine.scheduler import plan_chunks, short_first
 
 # Lengths padded to 40 stay within the padding cap, so one call takes them all; most pass Gemma 3's window of 8.
 LENGTHS = [40, 9, 33, 26, 38]
@@ -27,7 +27,7 @@ NEW = 6
 MODELS = ["qwen3", "gemma3", "gla", "gla_conv"]
 
 
-def _adapter(name: str):
+def _slot_model(name: str):
     spec = registry.get("gla" if name == "gla_conv" else name)
     args = replace(spec.flavours["tiny"], max_seq_len=128, **({"use_short_conv": True} if name == "gla_conv" else {}))
     model = spec.build(args, "cpu", torch.float32, seed=0)
@@ -36,12 +36,12 @@ def _adapter(name: str):
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def adapter(request):
-    return _adapter(request.param)
+def slot_model(request):
+    return _slot_model(request.param)
 
 
-def _check(adapter) -> str:
-    return "model_logits" if adapter.uses_max_len() else "recurrence"
+def _check(slot_model) -> str:
+    return "model_logits" if slot_model.uses_max_len() else "recurrence"
 
 
 def _prompts(vocab_size: int, lengths=LENGTHS) -> list[list[int]]:
@@ -49,9 +49,9 @@ def _prompts(vocab_size: int, lengths=LENGTHS) -> list[list[int]]:
     return [torch.randint(3, vocab_size, (n,), generator=generator).tolist() for n in lengths]
 
 
-def _engine(adapter, **overrides) -> Engine:
+def _engine(slot_model, **overrides) -> Engine:
     config = {"max_seqs": 8, "buckets": (1, 2, 4, 8), "eager": True, "max_len": 64} | overrides
-    return Engine(adapter, EngineConfig(**config))
+    return Engine(slot_model, EngineConfig(**config))
 
 
 def _run(engine: Engine, prompts: list[list[int]], **request) -> tuple[dict[str, list[int]], dict[str, object]]:
@@ -67,11 +67,11 @@ def _run(engine: Engine, prompts: list[list[int]], **request) -> tuple[dict[str,
     return tokens, first
 
 
-def _alone(adapter, prompts, **request):
+def _alone(slot_model, prompts, **request):
     """Each prompt through its own engine: one prompt per prefill call, no chunks."""
     tokens, first = {}, {}
     for index, prompt in enumerate(prompts):
-        got, events = _run(_engine(adapter, max_seqs=1, buckets=(1,), max_prefill_tokens=None), [prompt], **request)
+        got, events = _run(_engine(slot_model, max_seqs=1, buckets=(1,), max_prefill_tokens=None), [prompt], **request)
         tokens[f"r{index}"], first[f"r{index}"] = got["r0"], events["r0"]
     return tokens, first
 
@@ -83,15 +83,15 @@ def _assert_same_logprobs(check, got, want) -> None:
 
 
 @pytest.mark.parametrize("budget", [256, 16])
-def test_a_batched_or_chunked_prefill_gives_each_prompt_what_it_gets_alone(adapter, budget):
-    prompts = _prompts(adapter.args.vocab_size)
-    expected, expected_first = _alone(adapter, prompts, logprobs=5)
-    engine = _engine(adapter, max_prefill_tokens=budget)
+def test_a_batched_or_chunked_prefill_gives_each_prompt_what_it_gets_alone(slot_model, budget):
+    prompts = _prompts(slot_model.args.vocab_size)
+    expected, expected_first = _alone(slot_model, prompts, logprobs=5)
+    engine = _engine(slot_model, max_prefill_tokens=budget)
     tokens, first = _run(engine, prompts, logprobs=5)
     stats = engine.stats().as_dict()
     assert tokens == expected
     for request_id, event in first.items():
-        _assert_same_logprobs(_check(adapter), event.logprob, expected_first[request_id].logprob)
+        _assert_same_logprobs(_check(slot_model), event.logprob, expected_first[request_id].logprob)
     assert stats["prefills"] == len(prompts) and stats["prefill_tokens"] == sum(LENGTHS)
     if budget == 256:  # every prompt in one call of 5 rows x 40: padded, not one call per prompt
         assert stats["prefill_calls"] == 1 and stats["prefill_padding_fraction"] == pytest.approx(1 - sum(LENGTHS) / (5 * 40))
@@ -100,9 +100,9 @@ def test_a_batched_or_chunked_prefill_gives_each_prompt_what_it_gets_alone(adapt
 
 
 def test_a_long_prompt_is_chunked_while_running_sequences_get_a_token_every_step():
-    adapter = _adapter("qwen3")
-    engine = _engine(adapter, max_prefill_tokens=16, max_len=96)
-    short, long = _prompts(adapter.args.vocab_size, [4, 5]), _prompts(adapter.args.vocab_size, [50])[0]
+    slot_model = _slot_model("qwen3")
+    engine = _engine(slot_model, max_prefill_tokens=16, max_len=96)
+    short, long = _prompts(slot_model.args.vocab_size, [4, 5]), _prompts(slot_model.args.vocab_size, [50])[0]
     for index, prompt in enumerate(short):
         engine.add_request(f"s{index}", prompt, max_tokens=30)
     engine.step()  # both prefilled together (9 tokens) and decoding
@@ -121,13 +121,13 @@ def test_a_long_prompt_is_chunked_while_running_sequences_get_a_token_every_step
     assert steps == 4, "50 tokens at 16 a step: 16 + 16 + 16 + 2"
     assert engine.stats().prefill_calls - calls == 4, "one prefill call per step"
     long_tokens += run_to_completion(engine).get("long", [])
-    assert long_tokens == _alone(adapter, [long])[0]["r0"][:3]
+    assert long_tokens == _alone(slot_model, [long])[0]["r0"][:3]
 
 
-def test_echo_prompt_logprobs_over_a_chunked_prompt_equal_the_unchunked_ones(adapter):
-    prompts = _prompts(adapter.args.vocab_size, [37, 12])
-    _, whole = _alone(adapter, prompts, prompt_logprobs=3)
-    engine = _engine(adapter, max_prefill_tokens=8)
+def test_echo_prompt_logprobs_over_a_chunked_prompt_equal_the_unchunked_ones(slot_model):
+    prompts = _prompts(slot_model.args.vocab_size, [37, 12])
+    _, whole = _alone(slot_model, prompts, prompt_logprobs=3)
+    engine = _engine(slot_model, max_prefill_tokens=8)
     _, chunked = _run(engine, prompts, prompt_logprobs=3)
     assert engine.stats().prefill_calls >= 37 // 8 + 1
     for request_id, event in chunked.items():
@@ -135,16 +135,16 @@ def test_echo_prompt_logprobs_over_a_chunked_prompt_equal_the_unchunked_ones(ada
         assert len(entries) == len(reference) == len(prompts[int(request_id[1:])])
         assert entries[0].logprob is None and reference[0].logprob is None
         for got, want in zip(entries[1:], reference[1:]):
-            _assert_same_logprobs(_check(adapter), got, want)
+            _assert_same_logprobs(_check(slot_model), got, want)
 
 
 def test_n_choices_with_a_chunked_prefill_copy_the_whole_prompt_state():
-    adapter = _adapter("gla_conv")
-    prompt = _prompts(adapter.args.vocab_size, [30])
+    slot_model = _slot_model("gla_conv")
+    prompt = _prompts(slot_model.args.vocab_size, [30])
     request = {"n": 3, "temperature": 1.0, "seed": 11}
-    engine = _engine(adapter, max_prefill_tokens=8)
+    engine = _engine(slot_model, max_prefill_tokens=8)
     tokens, _ = _run(engine, prompt, **request)
-    expected, _ = _run(_engine(adapter, max_prefill_tokens=None), prompt, **request)
+    expected, _ = _run(_engine(slot_model, max_prefill_tokens=None), prompt, **request)
     assert engine.stats().prefill_calls == 4 and engine.stats().prefills == 1, "prefilled once, in chunks of 8"
     assert sorted(tokens) == ["r0", "r0/1", "r0/2"] and tokens == expected
     assert len({tuple(t) for t in tokens.values()}) > 1, "the choices sample apart"
@@ -152,9 +152,9 @@ def test_n_choices_with_a_chunked_prefill_copy_the_whole_prompt_state():
 
 
 def test_an_abort_during_a_chunked_prefill_frees_the_slot_and_a_choice_left_takes_over():
-    adapter = _adapter("gemma3")
-    prompt = _prompts(adapter.args.vocab_size, [40])[0]
-    engine = _engine(adapter, max_prefill_tokens=8)
+    slot_model = _slot_model("gemma3")
+    prompt = _prompts(slot_model.args.vocab_size, [40])[0]
+    engine = _engine(slot_model, max_prefill_tokens=8)
     engine.add_request("pair", prompt, max_tokens=4, n=2)
     engine.step()  # 8 of 40 tokens in choice 0's slot; choice 1's slot waits for the copy
     assert engine.free_slots == 6 and engine.totals().running == 2 and engine.num_running == 0
@@ -162,7 +162,7 @@ def test_an_abort_during_a_chunked_prefill_frees_the_slot_and_a_choice_left_take
     events = engine.step()
     assert [(e.request_id, e.finish_reason) for e in events] == [("pair", "abort")] and engine.free_slots == 7
     tokens = run_to_completion(engine)
-    assert tokens["pair/1"] == _run(_engine(adapter), [prompt])[0]["r0"][:4]
+    assert tokens["pair/1"] == _run(_engine(slot_model), [prompt])[0]["r0"][:4]
     assert engine.stats().prefill_calls == 5, "40 tokens in chunks of 8, the hand-over lost none"
 
     engine.add_request("gone", prompt, max_tokens=4)
@@ -196,15 +196,15 @@ def test_short_prompts_are_offered_the_budget_before_one_long_prompt():
 
 def test_a_long_prompt_sits_out_the_short_prompts_steps_but_never_two_in_a_row():
     # Sustained short traffic: a new 6-token prompt before every step, a 50-token prompt at 16 tokens a step.
-    adapter = _adapter("qwen3")
-    engine = _engine(adapter, max_prefill_tokens=16, max_len=96, long_prefill_token_threshold=16)
-    long = _prompts(adapter.args.vocab_size, [50])[0]
+    slot_model = _slot_model("qwen3")
+    engine = _engine(slot_model, max_prefill_tokens=16, max_len=96, long_prefill_token_threshold=16)
+    long = _prompts(slot_model.args.vocab_size, [50])[0]
     engine.add_request("long", long, max_tokens=1)
     engine.step()  # the long prompt's first 16 tokens
     progress, late, step = [], [], 0
     while "long" in engine._prefilling:
         step += 1
-        engine.add_request(f"short-{step}", _prompts(adapter.args.vocab_size, [6])[0], max_tokens=1)
+        engine.add_request(f"short-{step}", _prompts(slot_model.args.vocab_size, [6])[0], max_tokens=1)
         done_before = engine._prefilling["long"].done
         firsts = {event.request_id for event in engine.step()}
         job = engine._prefilling.get("long")
@@ -223,9 +223,9 @@ def test_a_short_prompt_arriving_mid_prefill_gets_its_first_token_before_the_lon
     # Threshold 16: the short one goes ahead in the next step's call, the long one takes the rest of the budget
     # (16 // 2 = 8) and still moves. Threshold 0 (first come, first served): the short one waits for the long
     # one's chunks and joins only its last call (2 tokens left: room for 6 more).
-    adapter = _adapter("qwen3")
-    engine = _engine(adapter, max_prefill_tokens=16, max_len=96, long_prefill_token_threshold=threshold)
-    long, short = _prompts(adapter.args.vocab_size, [50, 6])
+    slot_model = _slot_model("qwen3")
+    engine = _engine(slot_model, max_prefill_tokens=16, max_len=96, long_prefill_token_threshold=threshold)
+    long, short = _prompts(slot_model.args.vocab_size, [50, 6])
     engine.add_request("long", long, max_tokens=3)
     engine.step()  # the long prompt's first 16 tokens
     engine.add_request("short", short, max_tokens=3)
@@ -242,7 +242,7 @@ def test_a_short_prompt_arriving_mid_prefill_gets_its_first_token_before_the_lon
     else:
         assert first_token_step["short"] == first_token_step["long"] == 3, "50 tokens at 16 a step: 16 + 16 + 16 + 2"
     # Either order, each prompt's tokens are those it gets alone.
-    assert tokens == {"long": _alone(adapter, [long])[0]["r0"][:3], "short": _alone(adapter, [short])[0]["r0"][:3]}
+    assert tokens == {"long": _alone(slot_model, [long])[0]["r0"][:3], "short": _alone(slot_model, [short])[0]["r0"][:3]}
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma3"])
@@ -254,12 +254,12 @@ def test_chunks_past_the_live_grain_read_only_the_positions_in_use_and_give_the_
     args = replace(spec.flavours["tiny"], max_seq_len=320)
     model = spec.build(args, "cpu", torch.float32, seed=0)
     model.init_weights(std=0.1, generator=torch.Generator().manual_seed(0))
-    adapter = spec.adapter_for(model.eval(), args)
+    slot_model = spec.adapter_for(model.eval(), args)
     prompts = _prompts(args.vocab_size, [200, 7])
-    chunked_engine = Engine(adapter, EngineConfig(max_seqs=2, buckets=(1, 2), eager=True, max_len=320, max_prefill_tokens=48))
+    chunked_engine = Engine(slot_model, EngineConfig(max_seqs=2, buckets=(1, 2), eager=True, max_len=320, max_prefill_tokens=48))
     chunked, first = _run(chunked_engine, prompts, logprobs=5)
     assert chunked_engine.stats().prefill_calls >= 200 // 48 + 1
-    whole_engine = Engine(adapter, EngineConfig(max_seqs=1, buckets=(1,), eager=True, max_len=320, max_prefill_tokens=None))
+    whole_engine = Engine(slot_model, EngineConfig(max_seqs=1, buckets=(1,), eager=True, max_len=320, max_prefill_tokens=None))
     for index, prompt in enumerate(prompts):
         tokens, events = _run(whole_engine, [prompt], logprobs=5)
         assert chunked[f"r{index}"] == tokens["r0"]

@@ -232,7 +232,7 @@ def test_stop_string_ends_the_text_before_it(server, reference):
 
 
 def test_a_qwen3_with_a_kv_cache_per_slot_is_served_too(zoo_dir):
-    # The same API over the KV-cache adapter: two requests decoded together, each equal to its alone answer.
+    # The same API over the KV-cache slot_model: two requests decoded together, each equal to its alone answer.
     handle, _ = start_server(zoo_dir, "qwen3-pretrained", max_seqs=2, max_len=128)
     expected = reference_engine(zoo_dir, "qwen3-pretrained", max_len=128)
     try:

@@ -1,4 +1,4 @@
-"""An eager KV decode sees only the positions its rows hold (ModelAdapter.live_buffers): the same logits and
+"""An eager KV decode sees only the positions its rows hold (SlotModel.live_buffers): the same logits and
 the same cache writes as a decode over the whole pool, across the LIVE_GRAIN boundary, with a sliding-window
 ring (Gemma 3's window of 8) as well as full-attention layers. Rows of very different lengths attend in
 groups, each over its own prefix (kv_cache.row_groups): the same logits as each row decoded alone.
@@ -17,12 +17,12 @@ import torch
 from assay.core.numerics import assert_close
 from assay.models import registry
 from assay.models.common.kv_cache import GROUP_COST, row_groups
-from assay.models.slots import LIVE_GRAIN
+from assay.models.common.kv_cache import LIVE_GRAIN
 
 MAX_LEN = 3 * LIVE_GRAIN
 
 
-def _adapter(name: str):
+def _slot_model(name: str):
     spec = registry.get(name)
     args = replace(spec.flavours["tiny"], max_seq_len=MAX_LEN)
     model = spec.build(args, "cpu", torch.float32, seed=0)
@@ -32,22 +32,22 @@ def _adapter(name: str):
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma3"])
 def test_live_view_decodes_as_the_whole_pool_across_the_grain(name):
-    adapter = _adapter(name)
-    pool = adapter.pool_buffers(3, torch.float32, MAX_LEN)
+    slot_model = _slot_model(name)
+    pool = slot_model.pool_buffers(3, torch.float32, MAX_LEN)
     generator = torch.Generator().manual_seed(1)
     lengths = [LIVE_GRAIN - 2, 40]  # row 0 crosses the grain in the steps below; row 1 stays far inside it
-    prompts = torch.randint(3, adapter.args.vocab_size, (2, max(lengths)), generator=generator)
+    prompts = torch.randint(3, slot_model.args.vocab_size, (2, max(lengths)), generator=generator)
     slots = torch.tensor([0, 1])
     with torch.no_grad():
-        adapter.prefill_batch(prompts, slots, pool, lengths=torch.tensor(lengths))
+        slot_model.prefill_batch(prompts, slots, pool, lengths=torch.tensor(lengths))
         whole = [buffer.clone() for buffer in pool]
         positions = torch.tensor(lengths)
         for _ in range(4):  # positions 126..129 for row 0: views of 128, then 256 positions
-            tokens = torch.randint(3, adapter.args.vocab_size, (2, 1), generator=generator)
-            live = adapter.live_buffers(pool, int(positions.max()) + 1)
+            tokens = torch.randint(3, slot_model.args.vocab_size, (2, 1), generator=generator)
+            live = slot_model.live_buffers(pool, int(positions.max()) + 1)
             assert max(buffer.shape[1] for buffer in live) == min(MAX_LEN, -(-(int(positions.max()) + 1) // LIVE_GRAIN) * LIVE_GRAIN)
-            got = adapter.decode(tokens, slots, positions, live)
-            want = adapter.decode(tokens, slots, positions, whole)
+            got = slot_model.decode(tokens, slots, positions, live)
+            want = slot_model.decode(tokens, slots, positions, whole)
             assert_close("model_logits", got, want, torch.float32)
             positions = positions + 1
     for kept, reference in zip(pool, whole):  # the views wrote into the pool what the whole-pool decode wrote
@@ -55,9 +55,9 @@ def test_live_view_decodes_as_the_whole_pool_across_the_grain(name):
 
 
 def test_a_fixed_state_has_no_positions_to_leave_out():
-    adapter = _adapter("gla")
-    pool = adapter.pool_buffers(2, torch.float32, MAX_LEN)
-    assert adapter.live_buffers(pool, 5) is pool
+    slot_model = _slot_model("gla")
+    pool = slot_model.pool_buffers(2, torch.float32, MAX_LEN)
+    assert slot_model.live_buffers(pool, 5) is pool
 
 
 def test_rows_are_grouped_by_the_length_they_hold_when_that_saves_work():
@@ -77,21 +77,21 @@ def test_rows_are_grouped_by_the_length_they_hold_when_that_saves_work():
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma3"])
 def test_grouped_rows_decode_as_each_row_alone(name):
-    adapter = _adapter(name)
-    pool = adapter.pool_buffers(5, torch.float32, MAX_LEN)
+    slot_model = _slot_model(name)
+    pool = slot_model.pool_buffers(5, torch.float32, MAX_LEN)
     generator = torch.Generator().manual_seed(2)
     lengths = [MAX_LEN - 40, 9, 12, 30]  # one long row, three short: two groups in every full-attention layer
-    prompts = torch.randint(3, adapter.args.vocab_size, (4, max(lengths)), generator=generator)
+    prompts = torch.randint(3, slot_model.args.vocab_size, (4, max(lengths)), generator=generator)
     slots = torch.tensor([3, 0, 1, 2])
     with torch.no_grad():
-        adapter.prefill_batch(prompts, slots, pool, lengths=torch.tensor(lengths))
+        slot_model.prefill_batch(prompts, slots, pool, lengths=torch.tensor(lengths))
         alone_pool = [buffer.clone() for buffer in pool]
         positions = torch.tensor(lengths)
         assert len(row_groups(positions, slots, torch.ones(4, 1, 1, MAX_LEN, dtype=torch.bool), MAX_LEN)) == 2
         for _ in range(3):
-            tokens = torch.randint(3, adapter.args.vocab_size, (4, 1), generator=generator)
-            grouped = adapter.decode(tokens, slots, positions, pool)
-            alone = torch.cat([adapter.decode(tokens[i : i + 1], slots[i : i + 1], positions[i : i + 1], alone_pool) for i in range(4)])
+            tokens = torch.randint(3, slot_model.args.vocab_size, (4, 1), generator=generator)
+            grouped = slot_model.decode(tokens, slots, positions, pool)
+            alone = torch.cat([slot_model.decode(tokens[i : i + 1], slots[i : i + 1], positions[i : i + 1], alone_pool) for i in range(4)])
             assert_close("model_logits", grouped, alone, torch.float32)
             positions = positions + 1
     for kept, reference in zip(pool, alone_pool):

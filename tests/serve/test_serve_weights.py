@@ -2,7 +2,7 @@
 
 bfloat16 weights round every matmul's inputs to 8 bits of mantissa, so the served logits stay within the
 model_logits bfloat16 tolerance of the float32 ones (core/numerics), not equal to them; the logits the
-adapter hands the sampler are float32 either way.
+slot_model hands the sampler are float32 either way.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ PROMPT = [5, 17, 42, 99, 3, 64, 7, 250]
 
 
 def _logits(engine, next_token: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's adapter over its own pool: prefill logits at the prompt's end, then those of one decode
+    """The engine's slot_model over its own pool: prefill logits at the prompt's end, then those of one decode
     step on next_token (the same token for both dtypes, so the step compares like with like)."""
-    adapter, buffers = engine.adapter, engine.pool.buffers
+    slot_model, buffers = engine.slot_model, engine.pool.buffers
     with torch.no_grad():
-        first = adapter.prefill(torch.tensor([PROMPT]), 0, buffers)
-        step = adapter.decode(torch.tensor([[next_token]]), torch.tensor([0]), torch.tensor([len(PROMPT)]), buffers)
+        first = slot_model.prefill(torch.tensor([PROMPT]), 0, buffers)
+        step = slot_model.decode(torch.tensor([[next_token]]), torch.tensor([0]), torch.tensor([len(PROMPT)]), buffers)
     return first, step
 
 
@@ -40,7 +40,7 @@ CONFIG = EngineConfig(max_seqs=1, buckets=(1,), eager=True, max_len=64)
 
 def _bf16_engine(folder):
     engine = load_engine(ServeRequest(model=str(folder), dtype="bf16"), CONFIG)
-    weights = {param.dtype for param in engine.adapter.model.parameters()}
+    weights = {param.dtype for param in engine.slot_model.model.parameters()}
     assert weights == {torch.bfloat16}, weights
     return engine
 
@@ -48,7 +48,7 @@ def _bf16_engine(folder):
 @pytest.mark.parametrize("model", ["gla", "qwen3"])
 def test_bfloat16_weights_serve_logits_within_bf16_tolerance_of_float32(zoo_dir, model):
     full = load_engine(ServeRequest(model=str(zoo_dir / model)), CONFIG)
-    assert {param.dtype for param in full.adapter.model.parameters()} == {torch.float32}
+    assert {param.dtype for param in full.slot_model.model.parameters()} == {torch.float32}
     tol = tolerance("model_logits", torch.bfloat16)
     for reference, served in zip(_logits(full, 11), _logits(_bf16_engine(zoo_dir / model), 11)):
         assert served.dtype == torch.float32
@@ -151,6 +151,6 @@ def test_engine_from_checkpoint_takes_the_weights_dtype_and_refuses_a_slot_past_
     from assay.serve.engine.engine import Engine
 
     engine = Engine.from_checkpoint(zoo_dir / "qwen3", EngineConfig(max_seqs=1, buckets=(1,), eager=True, max_len=64, dtype="bfloat16"))
-    assert {param.dtype for param in engine.adapter.model.parameters()} == {torch.bfloat16}
+    assert {param.dtype for param in engine.slot_model.model.parameters()} == {torch.bfloat16}
     with pytest.raises(AssayError, match="--max-len 3000 is past the model's 2048 positions"):
         Engine.from_checkpoint(zoo_dir / "llama", EngineConfig(max_seqs=1, buckets=(1,), eager=True, max_len=3000))

@@ -17,6 +17,7 @@ _EXPORTS = {
     "run_to_completion": "assay.serve.engine.engine",
     "EngineFailed": "assay.serve.engine.loop",
     "EngineLoop": "assay.serve.engine.loop",
+    "SamplingParams": "assay.serve.engine.sampling",
 }
 
 __all__ = sorted(_EXPORTS)

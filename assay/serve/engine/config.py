@@ -1,46 +1,65 @@
-"""What an engine is built with (EngineConfig) and what it hands back (TokenEvent, QueueFull)."""
+"""What an engine is built with (EngineConfig: each setting with its flag) and what it hands back (TokenEvent,
+QueueFull)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from assay.core.errors import AssayError
-from assay.serve.engine.scheduler import DEFAULT_BUCKETS, check_buckets
+from assay.serve.engine.scheduler import AUTO_BUCKETS, POLICIES, check_buckets, resolve_buckets
 from assay.serve.runner.dtypes import check_state_dtype, check_weight_dtype
 
 if TYPE_CHECKING:
     from assay.serve.engine.sampling import TokenLogprob
 
 
+def setting(default: Any, flag: str, help: str, **cli: Any) -> Any:  # noqa: A002 (Typer's own keyword)
+    """A dataclass field with its command-line flag and help (and any other typer.Option keyword in `cli`,
+    e.g. type=str for a value given as text): `assay serve`'s options are derived from these fields."""
+    return field(default=default, metadata={"flag": flag, "help": help, **cli})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    max_seqs: int = 64  # slots in the pool
-    buckets: tuple[int, ...] | None = DEFAULT_BUCKETS  # None: --no-buckets (each new width compiled when first seen)
-    eager: bool = False
-    device: str = "cpu"
-    backend: str = "inductor"
-    state_dtype: str = "float32"  # or "bfloat16"
-    dtype: str = "float32"  # the weights' (--dtype): float32 or bfloat16; logits are float32 either way
-    max_waiting: int = 256  # bounded queue of requests not yet in a slot
-    max_prompt_tokens: int = 8192
-    max_new_tokens: int = 4096  # upper limit for a request's max_tokens
+    """Every engine setting, declared once: `assay serve` derives its options from the fields with a flag, and
+    its request (settings.ServeRequest) extends this class."""
+
+    max_seqs: int = setting(64, "--max-seqs", "slots in the pool: sequences decoded together")
+    # Resolved at construction to a tuple of widths, or None: --no-buckets (each new width compiled when first seen).
+    buckets: tuple[int, ...] | str | None = setting(AUTO_BUCKETS, "--buckets", "decode widths, e.g. 1,2,4,8 (auto: powers of two up to --max-seqs)", type=str)
+    eager: bool = setting(False, "--eager", "no torch.compile: exact, reproducible logits")
+    device: str = setting("cpu", "--device", "cpu, cuda, neuron, xpu, mps, ...")
+    backend: str = setting("inductor", "--backend", "torch.compile backend of the decode step")
+    state_dtype: str = setting("float32", "--state-dtype", "dtype of each slot's state: float32 or bfloat16")
+    dtype: str = setting("float32", "--dtype", "dtype of the weights: float32 or bfloat16 (logits stay float32)")
+    max_waiting: int = setting(256, "--max-waiting", "requests queued for a slot before new ones get 429")
+    max_prompt_tokens: int = setting(8192, "--max-prompt-tokens", "longest prompt accepted")
+    max_new_tokens: int = setting(4096, "--max-new-tokens", "largest max_tokens accepted")
     # A KV-cache model's slot holds max_len positions. None: max_prompt_tokens + max_new_tokens, and from a
     # checkpoint (Engine.from_checkpoint) no more than the model's positions and what fits in memory.
-    max_len: int | None = None
+    max_len: int | None = setting(None, "--max-len", "KV-cache models: positions per slot (default prompt + new tokens; past the "
+                                                     "model's positions only where its rope scaling reaches)")
     # Also run the eager model on each compiled decode step's exact inputs and record the logit difference.
     check_eager: bool = False
     # Prompt tokens prefilled per step at most, padding included (rows x longest chunk; None: no limit). Each
     # step runs one batched prefill call, then the decode of every running sequence, so this bounds how long
-    # a prefill stalls them; a prompt longer than it is chunked over steps (serve/engine_prefill.py). 2048:
+    # a prefill stalls them; a prompt longer than it is chunked over steps (serve/engine/scheduler.py). 2048:
     # a 32 x 128-token wave on SmolLM2-135M (CPU, float32) keeps the throughput of no limit (92.7 vs 92.1
     # tokens/s; 512: 82.9), see docs/serve.md.
-    max_prefill_tokens: int | None = 2048
+    max_prefill_tokens: int | None = setting(2048, "--max-prefill-tokens", "prompt tokens (padding included) prefilled per step at "
+                                                                           "most; a longer prompt is prefilled in chunks between decode steps")
     # A prompt of more tokens is "long": short prompts are offered the prefill budget first and at most one long
     # prompt is prefilled at a time, taking what they leave (vLLM's long_prefill_token_threshold with
     # max_long_partial_prefills 1), so a 128-token request does not wait behind every chunk of a 2K one.
     # None or 0: first come, first served. 512: a quarter of the default budget.
-    long_prefill_token_threshold: int | None = 512
+    long_prefill_token_threshold: int | None = setting(
+        512, "--long-prefill-token-threshold", "a prompt of more tokens is long: shorter prompts are prefilled first and one long "
+                                               "prompt at a time takes the rest of the budget (0: first come, first served)")
+    scheduling: str = setting("short-first", "--scheduling", f"the scheduling policy: {', '.join(POLICIES)}")
+
+    def __post_init__(self):
+        object.__setattr__(self, "buckets", resolve_buckets(self.buckets, self.max_seqs))
 
     @property
     def mode(self) -> str:
@@ -65,6 +84,8 @@ class EngineConfig:
         check_state_dtype(self.state_dtype)
         check_weight_dtype(self.dtype)
         check_buckets(self.buckets, self.max_seqs)
+        if self.scheduling not in POLICIES:
+            raise AssayError(f"scheduling {self.scheduling!r}: expected one of {', '.join(sorted(POLICIES))}")
 
 
 class QueueFull(AssayError):

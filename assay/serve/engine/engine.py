@@ -2,19 +2,18 @@
 
     engine = Engine.from_checkpoint("zoo/gla", EngineConfig(max_seqs=8, buckets=(1, 2, 4, 8)))
     engine.warm_up()                                  # compiles widths 1, 2, 4, 8 now, not while serving
-    engine.add_request("r1", prompt_tokens, max_tokens=32)
+    engine.add_request("r1", prompt_tokens, params=SamplingParams(max_tokens=32, temperature=0.7, seed=1))
+    engine.add_request("r2", prompt_tokens, max_tokens=32)   # or the params' fields by name
     while engine.has_unfinished():
         for event in engine.step(): ...               # TokenEvent per new token (and per abort)
     engine.stats().as_dict()                          # compiles, compile share, tokens/s, TTFT/TPOT, memory
 
-One step: abort what was asked to stop; one batched prefill call (serve/engine_prefill.py: prompts being
-prefilled and waiting ones that fit free slots, right-padded, up to max_prefill_tokens; a longer prompt is
-chunked over steps; a prompt completed gives its first token from its last logits); then one decode step
-for every running sequence at the width the scheduler picks, padding rows pointing at the scratch slot.
-
-The pieces around it: serve/config.py (EngineConfig, TokenEvent, QueueFull), serve/sizing.py (how
-long a KV slot is and whether the pool fits), serve/compiled_decode.py (the decode step, eager or
-compiled per width, timed, warmed up), serve/sampling.py (the next token from a row of logits).
+One step: abort what was asked to stop; then the scheduler's plan for it (serve/engine/scheduler.py, a pure
+function of the queue and the pool): the waiting requests it admits take their slots, its prefill rows run in
+one batched call (a prompt completed gives its first token from its last logits; a longer prompt is chunked
+over steps), then one decode step for every running sequence at the plan's width, padding rows on the
+scratch slot. The runner (serve/runner/runner.py) runs the model step; this module decides and keeps the
+books: request tables, slots, sampling (serve/engine/sampling.py) and accounting (serve/engine/stats.py).
 
 Threads: add_request / abort may be called from any thread (an HTTP server's event loop); step() from
 one engine thread only. The waiting queue, the abort set and the set of live ids are guarded by a lock;
@@ -33,33 +32,31 @@ import torch
 
 from assay.core.device import resolve_backend, resolve_device
 from assay.core.errors import AssayError
-from assay.core.numerics import max_abs_diff, rel_error
 from assay.serve.engine.config import EngineConfig, QueueFull, TokenEvent
-from assay.serve.engine.prefill import BatchPrefill, PrefillJob
-from assay.serve.engine.request import EngineRequest, new_request
-from assay.serve.engine.sampling import SamplingParams, TokenLogprob, sample_tokens, token_logprobs
-from assay.serve.engine.scheduler import decode_width, warm_up_widths
+from assay.serve.engine.request import EngineRequest, PrefillJob, new_request
+from assay.serve.engine.sampling import SamplingParams, TokenLogprob, prompt_logprobs, sample_tokens, token_logprobs
+from assay.serve.engine.scheduler import Candidate, QueueView, StepPlan, schedule, warm_up_widths
 from assay.serve.engine.stats import EagerCheck, EngineStats, EngineTotals, MemoryFacts, StepRecord, now
-from assay.serve.runner.compiled_decode import CompiledDecode
-from assay.serve.runner.pool import SlotPool
-from assay.serve.runner.sizing import check_max_len, check_pool_fits, checkpoint_positions, fitted_slot_len
-from assay.serve.runner.weights import KV_REFERENCE_DTYPE, KV_REFERENCE_LENGTHS, ModelAdapter, load_adapter, state_dtype
+from assay.serve.runner.runner import DecodeInput, ModelRunner, PrefillInput
+from assay.serve.runner.sizing import check_max_len, checkpoint_positions, fitted_slot_len
+from assay.models.slots import KV_REFERENCE_DTYPE, SlotModel
+from assay.serve.runner.weights import KV_REFERENCE_LENGTHS, load_slot_model, load_tokenizer, state_dtype
 
 
-class Engine(BatchPrefill):
-    def __init__(self, adapter: ModelAdapter, config: EngineConfig, tokenizer_dir: str | os.PathLike | None = None):
+class Engine:
+    def __init__(self, slot_model: SlotModel, config: EngineConfig, tokenizer_dir: str | os.PathLike | None = None):
         config.validate()
         self.config = config
-        self.adapter = adapter
+        self.slot_model = slot_model
         self.device = resolve_device(config.device)
         self.backend = None if config.eager else resolve_backend(config.backend)
         self._tokenizer_dir = tokenizer_dir
         self._tokenizer = None
         dtype = state_dtype(config.state_dtype)
         max_len = config.slot_len()
-        check_pool_fits(adapter, config.max_seqs, dtype, max_len, self.device)
-        self.pool = SlotPool(adapter.pool_buffers(config.max_seqs + 1, dtype, max_len), config.max_seqs)
-        self._max_len = max_len if adapter.uses_max_len() else None
+        self.runner = ModelRunner(slot_model, config.max_seqs, dtype, max_len, self.device, self.backend, config.check_eager)
+        self.pool = self.runner.pool
+        self._max_len = max_len if slot_model.uses_max_len() else None
 
         self._lock = threading.RLock()  # re-entrant: _finish runs both inside step()'s critical section and from _emit
         self._waiting: deque[EngineRequest] = deque()
@@ -69,17 +66,15 @@ class Engine(BatchPrefill):
         # Choices 1..n-1 of an admitted request whose prefill has not finished: their slots are taken; they
         # run once the prefill is copied into them.
         self._pending_forks: dict[str, EngineRequest] = {}
-        self._prefilling: dict[str, PrefillJob] = {}  # admitted, prompt partly prefilled (engine_prefill.py)
+        self._prefilling: dict[str, PrefillJob] = {}  # admitted, prompt partly prefilled
         self._long_waited = False  # a long prompt got no prefill last step: it is offered this one (short_first)
         self._step_count = 0
 
-        self._decoder = CompiledDecode(adapter, self.backend, config.max_seqs, self.device)
-
-        kv = adapter.kv_reference()
+        kv = slot_model.kv_reference()
         memory = MemoryFacts(
             state_dtype=str(dtype).removeprefix("torch."),
             state_bytes_per_sequence=self.pool.bytes_per_slot(),
-            constant_state=not adapter.uses_max_len(),
+            constant_state=not slot_model.uses_max_len(),
             max_len=self._max_len,
             kv_reference=kv.note,
             kv_dtype=str(KV_REFERENCE_DTYPE).removeprefix("torch."),
@@ -87,28 +82,28 @@ class Engine(BatchPrefill):
             pool_bytes=self.pool.total_bytes(),
         )
         self._stats = EngineStats(
-            model_type=adapter.model_type, mode=config.mode, buckets=list(config.buckets) if config.buckets else None,
+            model_type=slot_model.model_type, mode=config.mode, buckets=list(config.buckets) if config.buckets else None,
             max_seqs=config.max_seqs, memory=memory, eager_check=EagerCheck() if config.check_eager and not config.eager else None,
         )
 
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, config: EngineConfig) -> Engine:
-        """The adapter of the architecture registry's entry for config.json's model_type; the checkpoint's own tokenizer."""
+        """The slot_model of the architecture registry's entry for config.json's model_type; the checkpoint's own tokenizer."""
         config.validate()
         check_max_len(path, config.max_len)  # past the model's positions only where its rope scaling reaches
         device = resolve_device(config.device)
         if config.max_len is not None:
-            adapter = load_adapter(path, device, config.max_len, config.dtype)
+            slot_model = load_slot_model(path, device, config.max_len, config.dtype)
         else:
             # No --max-len: a slot reaches prompt + new tokens, but not past the positions the model was
             # trained for (its rotary table would be extended silently) nor past what the memory holds.
-            adapter = load_adapter(path, device, min(config.slot_len(), checkpoint_positions(path) or config.slot_len()), config.dtype)
-            if adapter.uses_max_len():
-                config = replace(config, max_len=fitted_slot_len(adapter, config.slot_len(), config.max_seqs, config.state_dtype, device))
+            slot_model = load_slot_model(path, device, min(config.slot_len(), checkpoint_positions(path) or config.slot_len()), config.dtype)
+            if slot_model.uses_max_len():
+                config = replace(config, max_len=fitted_slot_len(slot_model, config.slot_len(), config.max_seqs, config.state_dtype, device))
         from assay.models.hf_checkpoint import checkpoint_dir
 
-        return cls(adapter, config, tokenizer_dir=checkpoint_dir(path))
+        return cls(slot_model, config, tokenizer_dir=checkpoint_dir(path))
 
     @property
     def tokenizer(self):
@@ -116,24 +111,14 @@ class Engine(BatchPrefill):
         if self._tokenizer is None:
             if self._tokenizer_dir is None:
                 raise AssayError("this engine was built without a checkpoint folder, so it has no tokenizer")
-            from transformers import AutoTokenizer
-            from transformers.utils import logging as hf_logging
-
-            # Transformers warns that config.json's model_type (gla) is not one it knows; the tokenizer
-            # files are complete, so the warning is noise in a server's log.
-            verbosity = hf_logging.get_verbosity()
-            hf_logging.set_verbosity_error()
-            try:
-                self._tokenizer = AutoTokenizer.from_pretrained(str(self._tokenizer_dir))
-            finally:
-                hf_logging.set_verbosity(verbosity)
+            self._tokenizer = load_tokenizer(self._tokenizer_dir)
         return self._tokenizer
 
     # ---------------------------------------------------------------- compile
     @property
     def compile_stats(self):
         """Graphs compiled by this engine's decode step (warm-up included)."""
-        return self._decoder.compile_stats
+        return self.runner.decoder.compile_stats
 
     def warm_up(self) -> None:
         """Compile every bucket width now (padding rows only: the scratch slot), so serving never waits on the
@@ -142,7 +127,7 @@ class Engine(BatchPrefill):
             return
         widths = warm_up_widths(self.config.buckets, self.config.max_seqs)
         start = now()
-        compiles = self._decoder.warm_up(widths, self.pool.scratch_slot, self.pool.buffers)
+        compiles = self.runner.warm_up(widths)
         self._stats.warmup_widths = widths
         self._stats.warmup_compiles += compiles
         self._stats.warmup_s += now() - start
@@ -180,7 +165,7 @@ class Engine(BatchPrefill):
 
     @property
     def vocab_size(self) -> int:
-        return int(self.adapter.args.vocab_size)
+        return int(self.slot_model.args.vocab_size)
 
     @property
     def num_waiting(self) -> int:
@@ -219,67 +204,136 @@ class Engine(BatchPrefill):
                     events += self._abort_prefilling(request_id)
                 elif request_id in self._running or request_id in self._pending_forks:
                     events.append(self._finish(self._running.get(request_id) or self._pending_forks[request_id], "abort", token_id=-1))
-            rows = self._plan_prefill()
+            plan = schedule(self._queue_view(), self.config)
+            self._long_waited = plan.long_waited
+            rows = self._admit(plan)
         events += self._run_prefill(rows)
         if self._running:
-            events += self._decode_step()
+            events += self._decode_step(plan)
         return events
 
-    def _decode_step(self) -> list[TokenEvent]:
+    def _queue_view(self) -> QueueView:
+        """Called with the lock held: what the scheduler plans from."""
+        return QueueView(
+            prefilling=tuple(Candidate(rid, len(job.request.prompt), job.done, 0) for rid, job in self._prefilling.items()),
+            waiting=tuple(Candidate(r.request_id, len(r.prompt), 0, 1 + len(r.forks)) for r in self._waiting),
+            free_slots=self.pool.num_free, long_waited=self._long_waited,
+        )
+
+    def _admit(self, plan: StepPlan) -> list[tuple[PrefillJob, int]]:
+        """Called with the lock held: the admitted requests take their slots (and their other choices'); the
+        plan's rows as (job, tokens this step)."""
+        admitted = set(plan.admit)
+        if admitted:
+            fresh = {r.request_id: r for r in self._waiting if r.request_id in admitted}
+            self._waiting = deque(r for r in self._waiting if r.request_id not in admitted)
+            for request_id in plan.admit:
+                request = fresh[request_id]
+                request.slot = self.pool.allocate()
+                self._prefilling[request_id] = PrefillJob(request)
+                for fork in request.forks:
+                    fork.slot = self.pool.allocate()
+                    self._pending_forks[fork.request_id] = fork
+        return [(self._prefilling[row.request_id], row.tokens) for row in plan.prefill]
+
+    def _abort_prefilling(self, request_id: str) -> list[TokenEvent]:
+        """Called with the lock held: an aborted request being prefilled. Its slot is freed; a choice of it
+        still waiting for the prefill takes the job over, with a copy of the state prefilled so far."""
+        job = self._prefilling[request_id]
+        request = job.request
+        heirs = [fork for fork in request.forks if fork.request_id in self._pending_forks]
+        if heirs:
+            heir = heirs[0]
+            del self._pending_forks[heir.request_id]
+            if job.done:
+                self.pool.copy_slot(request.slot, [heir.slot])
+            heir.forks, request.forks = heirs[1:], []
+            job.request = heir
+            self._prefilling[heir.request_id] = job
+        return [self._finish(request, "abort", token_id=-1)]
+
+    def _run_prefill(self, rows: list[tuple[PrefillJob, int]]) -> list[TokenEvent]:
+        """The plan's prefill call; the first tokens of the prompts it completes. With prompt_logprobs (echo) the
+        call returns the logits at every position and each chunk's entries are kept as it is prefilled."""
+        if not rows:
+            return []
+        inputs = [PrefillInput(job.request.prompt[job.done:job.done + chunk], job.request.slot, job.done) for job, chunk in rows]
+        all_logits = any(job.request.prompt_logprobs is not None for job, _ in rows)
+        result = self.runner.prefill(inputs, all_logits)
+        with self._lock:
+            stats = self._stats
+            stats.prefill_calls += 1
+            stats.prefill_s += result.seconds
+            stats.prefill_tokens += result.tokens
+            stats.prefill_padded_tokens += result.padded_tokens
+        events: list[TokenEvent] = []
+        for row, (job, chunk) in enumerate(rows):
+            request = job.request
+            if request.prompt_logprobs is not None:
+                entries = prompt_logprobs(result.logits[row, :chunk], request.prompt[job.done:job.done + chunk + 1], request.prompt_logprobs)
+                job.prompt_entries += entries if job.done == 0 else entries[1:]
+            job.done += chunk
+            if job.remaining:
+                continue
+            with self._lock:
+                del self._prefilling[request.request_id]
+                self._running[request.request_id] = request
+                self._stats.prefills += 1
+            request.next_position = len(request.prompt)
+            last = result.logits[row, chunk - 1] if all_logits else result.logits[row]
+            events += self._first_tokens(request, last, job.prompt_entries if request.prompt_logprobs is not None else None)
+        return events
+
+    def _first_tokens(self, request: EngineRequest, logits: torch.Tensor, prompt_entries=None) -> list[TokenEvent]:
+        """A prefilled request's first token, and its other choices': their slots get a copy of its state
+        and each samples from the same last logits [vocab] with its own generator."""
+        with self._lock:
+            forks = [fork for fork in request.forks if self._pending_forks.pop(fork.request_id, None) is not None]
+            if forks:
+                self.pool.copy_slot(request.slot, [fork.slot for fork in forks])
+            for fork in forks:
+                fork.next_position = request.next_position
+                self._running[fork.request_id] = fork
+        members = [request, *forks]
+        events = self._sample_and_emit(logits[None].expand(len(members), -1), members)
+        if prompt_entries is not None:
+            for event in events:
+                event.prompt_logprobs = prompt_entries
+        return events
+
+    def _decode_step(self, plan: StepPlan) -> list[TokenEvent]:
         running = list(self._running.values())
-        width = decode_width(len(running), self.config.buckets)
-        padding = width - len(running)
-        scratch = self.pool.scratch_slot
-        tokens = torch.tensor([[r.last_token] for r in running] + [[0]] * padding, dtype=torch.int64, device=self.device)
-        slot_ids = torch.tensor([r.slot for r in running] + [scratch] * padding, dtype=torch.int64, device=self.device)
-        positions = torch.tensor([r.next_position for r in running] + [0] * padding, dtype=torch.int64, device=self.device)
-        reference_rows = None
-        if self._stats.eager_check is not None:
-            reference_rows = [buffer.index_select(0, slot_ids).clone() for buffer in self.pool.buffers]
-        buffers = self.pool.buffers
-        if self.config.eager:  # only the positions the rows hold (a compiled step keeps the pool's one shape)
-            buffers = self.adapter.live_buffers(buffers, max(r.next_position for r in running) + 1)
-        logits, compiled, compile_s, step_s = self._decoder.timed(tokens, slot_ids, positions, buffers)
+        width = plan.decode_width(len(running))
+        result = self.runner.decode([DecodeInput(r.last_token, r.slot, r.next_position) for r in running], width)
         self._step_count += 1
         with self._lock:
-            self._stats.add_step(StepRecord(self._step_count, width, len(running), compiled, compile_s, step_s))
-        real_logits = logits[: len(running)]
-        if reference_rows is not None:
-            self._check_eager(real_logits, tokens, positions, reference_rows, len(running))
+            self._stats.add_step(StepRecord(self._step_count, width, len(running), result.compiled, result.compile_s, result.step_s))
+            if result.eager_diff is not None:
+                self._stats.eager_check.add(*result.eager_diff)
         for request in running:
             request.next_position += 1
-        next_tokens = self._sample(real_logits, running)
-        logprobs = token_logprobs(real_logits, next_tokens, [request.sampling for request in running])
-        return [self._emit(request, token, logprob) for request, token, logprob in zip(running, next_tokens, logprobs)]
+        return self._sample_and_emit(result.logits, running)
 
-    def _check_eager(self, logits, tokens, positions, rows, n_real) -> None:
-        # The same inputs through the uncompiled model, on a private copy of the gathered rows (row i <- slot_ids[i]).
-        local_ids = torch.arange(tokens.shape[0], dtype=torch.int64, device=self.device)
-        with torch.no_grad():
-            reference = self.adapter.decode(tokens, local_ids, positions, rows)[:n_real]
-        self._stats.eager_check.add(max_abs_diff(logits, reference), rel_error(logits, reference))
-
-    def _sample(self, logits: torch.Tensor, requests: list[EngineRequest]) -> list[int]:
-        # logits: [N, vocab] -> one token per request
-        return sample_tokens(logits, [request.sampling for request in requests])
+    def _sample_and_emit(self, logits: torch.Tensor, requests: list[EngineRequest]) -> list[TokenEvent]:
+        # logits: [N, vocab] -> one token per request, with its log-probabilities when asked for
+        samplings = [request.sampling for request in requests]
+        tokens = sample_tokens(logits, samplings)
+        logprobs = token_logprobs(logits, tokens, samplings)
+        return [self._emit(request, token, logprob) for request, token, logprob in zip(requests, tokens, logprobs)]
 
     def _emit(self, request: EngineRequest, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
-        event = self._advance(request, token)
-        event.logprob = logprob
-        return event
-
-    def _advance(self, request: EngineRequest, token: int) -> TokenEvent:
         index = len(request.generated)
         request.generated.append(token)
         request.last_token = token
         self._stats.token(request.request_id, now())
-        if token in request.stop_token_ids:
+        reason = "stop" if token in request.stop_token_ids else "length" if len(request.generated) >= request.max_tokens else None
+        if reason is not None:
             with self._lock:
-                return self._finish(request, "stop", token_id=token, index=index)
-        if len(request.generated) >= request.max_tokens:
-            with self._lock:
-                return self._finish(request, "length", token_id=token, index=index)
-        return TokenEvent(request.request_id, token, index, False, None)
+                event = self._finish(request, reason, token_id=token, index=index)
+        else:
+            event = TokenEvent(request.request_id, token, index, False, None)
+        event.logprob = logprob
+        return event
 
     def _finish(self, request: EngineRequest, reason: str, token_id: int, index: int | None = None) -> TokenEvent:
         """Called with the lock held: the request leaves the live set and gives its slot back."""
@@ -291,6 +345,10 @@ class Engine(BatchPrefill):
         self._aborts.discard(request.request_id)
         self._stats.request_finished(request.request_id, reason)
         return TokenEvent(request.request_id, token_id, len(request.generated) if index is None else index, True, reason)
+
+    def _slot_holders(self) -> int:
+        """Choices holding a slot: running, being prefilled, or waiting for their first choice's prefill."""
+        return len(self._running) + len(self._prefilling) + len(self._pending_forks)
 
     # ---------------------------------------------------------------- results
     def stats(self) -> EngineStats:

@@ -1,5 +1,5 @@
-"""A request as the engine holds it, and its checks at intake: what add_request refuses with AssayError
-before anything is queued.
+"""A request as the engine holds it (and as its prefill job while its prompt is being prefilled), and its
+checks at intake: what add_request refuses with AssayError before anything is queued.
 
 A request with n > 1 choices is n EngineRequests: the first carries the others in `forks`; they wait as
 one (they need n free slots at once), are prefilled once, and run apart from their first token on.
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from assay.core.errors import AssayError
 from assay.serve.engine.config import EngineConfig
-from assay.serve.engine.sampling import Sampling, SamplingParams
+from assay.serve.engine.sampling import Sampling, SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -34,6 +34,19 @@ class EngineRequest:
     def prompt_logprobs(self) -> int | None:
         """echo: the prompt's log-probabilities, with this many alternatives (None: not asked for)."""
         return self.sampling.params.prompt_logprobs
+
+
+@dataclass
+class PrefillJob:
+    """An admitted request (with its other choices in .forks) whose prompt is partly in its slot."""
+
+    request: EngineRequest
+    done: int = 0  # prompt tokens already in the slot
+    prompt_entries: list[TokenLogprob] = field(default_factory=list)  # echo: the entries of the chunks so far
+
+    @property
+    def remaining(self) -> int:
+        return len(self.request.prompt) - self.done
 
 
 def choice_ids(request_id: str, n: int) -> list[str]:

@@ -11,18 +11,18 @@ over with engine.add_request / engine.abort (both thread-safe) and gets tokens b
 which the engine thread puts on each request's asyncio.Queue with call_soon_threadsafe.
 
 The parts, one concern each:
-  engine_loop.py         the engine thread
-  protocol.py            request schemas, the field policy (nothing silently ignored), body parsing
-  detokenize.py          the incremental detokenizer (stop strings, held-back partial characters)
-  responses.py           the response bodies of both routes and their log-probability formats
-  middleware.py          the door: API key (401), request size (413), the X-Assay-Server header
-  generation.py          one request's prompts and choices through the engine, disconnects, settling
-  frontend.py            what the routes share: limits checked before any work, errors, streaming
-  routes_completions.py  /v1/completions (batches, n, echo, logprobs)
-  routes_chat.py         /v1/chat/completions (the model's chat template)
-  routes.py              the FastAPI app
-  metrics.py             prometheus_client metrics (TTFT/TPOT histograms as vLLM exposes them), sums over replicas
-  server.py              uvicorn on a listening socket; `assay serve`'s start-up
+  protocol.py      request schemas, the field policy (nothing silently ignored), body parsing, SamplingParams
+  detokenize.py    the incremental detokenizer (stop strings, held-back partial characters)
+  responses.py     the response bodies of both routes and their log-probability formats
+  middleware.py    the door: API key (401), request size (413), the X-Assay-Server header
+  generation.py    one request's prompts and choices through the engine, disconnects, settling
+  frontend.py      what the routes share: limits checked before any work, errors, the streamed response
+  completions.py   /v1/completions (batches, n, echo, logprobs)
+  chat.py          /v1/chat/completions (the model's chat template)
+  app.py           the FastAPI app
+  metrics.py       prometheus_client metrics (TTFT/TPOT histograms as vLLM exposes them), sums over replicas
+  server.py        uvicorn on a listening socket
+The engine thread is assay.serve.engine.loop; `assay serve`'s start-up is assay.serve.launch.
 This package's public face; the names load on first use (`assay serve` checks its flags before FastAPI loads).
 """
 

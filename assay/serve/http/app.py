@@ -1,9 +1,8 @@
 """The FastAPI app: /v1/completions and /v1/chat/completions (streaming or not), /v1/models, /health and
 /metrics, behind the door's middleware (API key, request size).
 
-What the routes share is `Serving` (frontend.py); each request is a `Generation` (generation.py) whose
-tokens arrive on its own asyncio.Queue; the two generating routes are routes_completions.py and
-routes_chat.py.
+What the routes share is `Frontend` (frontend.py); each request is a `Generation` (generation.py) whose
+tokens arrive on its own asyncio.Queue; the two generating routes are completions.py and chat.py.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from assay.serve.http import chat, completions
 from assay.serve.engine.engine import Engine
 from assay.serve.engine.loop import EngineLoop
-from assay.serve.http.frontend import Serving
+from assay.serve.http.frontend import Frontend
 from assay.serve.http.metrics import CONTENT_TYPE, ServerMetrics
 from assay.serve.http.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKey, BodyLimit, ServerHeader
 from assay.serve.http.protocol import RequestError
@@ -35,7 +34,7 @@ def create_app(
     """
     engine_loop = EngineLoop(engine)
     metrics = ServerMetrics(engine)
-    serving = Serving(engine, engine_loop, model_name, metrics, retry_after_s)
+    frontend = Frontend(engine, engine_loop, model_name, metrics, retry_after_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -55,7 +54,7 @@ def create_app(
     app.state.engine = engine
     app.state.engine_loop = engine_loop
     app.state.metrics = metrics
-    app.state.serving = serving
+    app.state.frontend = frontend
 
     @app.get("/health")
     async def health():
@@ -74,9 +73,9 @@ def create_app(
     def generating(handle):
         async def route(request: Request):
             try:
-                return await handle(serving, await request.body(), request)
+                return await handle(frontend, await request.body(), request)
             except RequestError as exc:
-                return serving.error(exc)
+                return frontend.error(exc)
 
         return route
 

@@ -7,50 +7,52 @@ every log-likelihood (max_tokens 1, echo, logprobs 1) and reads back as token_lo
 
 from __future__ import annotations
 
+from typing import AsyncIterator
+
 from starlette.requests import Request
 
-from assay.serve.http.frontend import Serving
+from assay.serve.http.frontend import Frontend
 from assay.serve.http.generation import Choice, Generation, Piece
 from assay.serve.http.protocol import CompletionRequest, completion_prompts, parse_completion
 from assay.serve.http.responses import completion_body, completion_choice, legacy_logprobs, usage
 
 
-def _prompt_tokens(serving: Serving, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
+def _prompt_tokens(frontend: Frontend, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
     """(token ids, text) of every prompt; text prompts are checked in characters before they are tokenised."""
     prompts = completion_prompts(body.prompt)
-    serving.check_choices(len(prompts), body.n)
-    serving.check_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt" if len(prompts) == 1 else "prompt batch")
-    ids = [serving.tokenize(p) if isinstance(p, str) else serving.check_length(p) for p in prompts]
-    texts = [p if isinstance(p, str) else serving.tokenizer.decode(p) for p in prompts] if body.echo else ["" for _ in prompts]
+    frontend.check_choices(len(prompts), body.n)
+    frontend.check_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt" if len(prompts) == 1 else "prompt batch")
+    ids = [frontend.tokenize(p) if isinstance(p, str) else frontend.check_length(p) for p in prompts]
+    texts = [p if isinstance(p, str) else frontend.tokenizer.decode(p) for p in prompts] if body.echo else ["" for _ in prompts]
     return ids, texts
 
 
-async def handle(serving: Serving, raw: bytes, request: Request):
+async def handle(frontend: Frontend, raw: bytes, request: Request):
     body = parse_completion(raw)
-    serving.check_model(body.model)
-    prompts, echo_texts = _prompt_tokens(serving, body)
-    params = serving.sampling_params(body, prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None)
-    generation = serving.generation(prompts, "cmpl")
+    frontend.check_model(body.model)
+    prompts, echo_texts = _prompt_tokens(frontend, body)
+    params = frontend.sampling_params(body, prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None)
+    generation = frontend.generation(prompts, "cmpl")
     generation.submit(params)
-    view = _View(serving, generation, body, echo_texts)
+    view = _View(frontend, generation, body, echo_texts)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return serving.stream(generation, request, view.chunk, closing=(lambda: view.body_of([], with_usage=True)) if include_usage else None)
+        return frontend.stream(generation, view.chunks(request, include_usage))
     return await _collect(view, request)
 
 
 class _View:
     """How the choices of a completions request read: text and log-probabilities, whole or piece by piece."""
 
-    def __init__(self, serving: Serving, generation: Generation, body: CompletionRequest, echo_texts: list[str]):
-        self.serving, self.generation, self.body, self.echo_texts = serving, generation, body, echo_texts
+    def __init__(self, frontend: Frontend, generation: Generation, body: CompletionRequest, echo_texts: list[str]):
+        self.frontend, self.generation, self.body, self.echo_texts = frontend, generation, body, echo_texts
         self.offsets: dict[int, int] = {}  # per choice: characters of text already covered by text_offset
 
     def logprobs(self, choice: Choice, entries) -> dict | None:
         if self.body.logprobs is None:
             return None
         start = self.offsets.get(choice.index, 0)
-        result = legacy_logprobs(entries, self.serving.token_text, start)
+        result = legacy_logprobs(entries, self.frontend.token_text, start)
         self.offsets[choice.index] = start + sum(len(t) for t in result["tokens"])
         return result
 
@@ -63,7 +65,7 @@ class _View:
     def body_of(self, choices: list[dict], with_usage: bool = False) -> dict:
         generation = self.generation
         used = usage(generation.prompt_tokens, generation.completion_tokens) if with_usage else None
-        return completion_body(generation.request_id, generation.created, self.serving.model_name, choices, used)
+        return completion_body(generation.request_id, generation.created, self.frontend.model_name, choices, used)
 
     def chunk(self, piece: Piece) -> dict:
         text, entries = (self.echo(piece.choice) if piece.first else ("", []))
@@ -71,9 +73,16 @@ class _View:
         logprobs = self.logprobs(piece.choice, entries + piece.logprobs)
         return self.body_of([completion_choice(piece.choice.index, text + piece.text, finish, logprobs)])
 
+    async def chunks(self, request: Request, include_usage: bool) -> AsyncIterator[dict]:
+        """One chunk per Piece, then (every choice finished, the client still there) the usage-only chunk."""
+        async for piece in self.generation.pieces(request):
+            yield self.chunk(piece)
+        if include_usage and not self.generation.client_gone:
+            yield self.body_of([], with_usage=True)
+
 
 async def _collect(view: _View, request: Request):
-    texts = await view.serving.collect(view.generation, request)
+    texts = await view.frontend.collect(view.generation, request)
     if not isinstance(texts, dict):
         return texts
     choices = []

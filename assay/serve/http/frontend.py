@@ -1,4 +1,4 @@
-"""What the HTTP routes share (`Serving`): the engine loop, the tokenizer, the metrics, and the limits a
+"""What the HTTP routes share (`Frontend`): the engine loop, the tokenizer, the metrics, and the limits a
 prompt is checked against before any work is spent on it; the streaming response that settles its
 generation however it ends.
 """
@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from assay.serve.engine.engine import Engine
 from assay.serve.engine.loop import EngineFailed, EngineLoop
 from assay.serve.engine.sampling import SamplingParams
-from assay.serve.http.generation import Generation, Piece
+from assay.serve.http.generation import Generation
 from assay.serve.http.metrics import ServerMetrics
 from assay.serve.http.protocol import RequestError
 from assay.serve.http.responses import SSE_DONE, TokenText, error_body, sse
@@ -42,7 +42,7 @@ class Limits:
     def of(cls, engine: Engine, tokenizer) -> Limits:
         config = engine.config
         longest_token = max((len(token) for token in tokenizer.get_vocab()), default=1)
-        return cls(config.max_prompt_tokens, config.max_new_tokens, config.slot_len() if engine.adapter.uses_max_len() else None,
+        return cls(config.max_prompt_tokens, config.max_new_tokens, config.slot_len() if engine.slot_model.uses_max_len() else None,
                    config.max_seqs, config.max_waiting, config.max_prompt_tokens * max(longest_token, 1))
 
 
@@ -81,7 +81,7 @@ class _ClosingStream(StreamingResponse):
                 self.on_close()
 
 
-class Serving:
+class Frontend:
     """What the routes share, and the checks every request passes before the engine sees it."""
 
     def __init__(self, engine: Engine, engine_loop: EngineLoop, model_name: str, metrics: ServerMetrics, retry_after_s: int):
@@ -153,26 +153,20 @@ class Serving:
     def generation(self, prompts: list[list[int]], prefix: str) -> Generation:
         return Generation(self.engine_loop, self.metrics, self.tokenizer, prompts, prefix)
 
-    def stream(self, generation: Generation, request, chunk: Callable[[Piece], dict], opening: list[dict] = (),
-               closing: Callable[[], dict] | None = None) -> StreamingResponse:
-        """Server-sent events: the opening bodies, one chunk per Piece, then (when every choice finished) the
-        closing body and [DONE]; an engine failure is an error event and [DONE]; a client gone, nothing more."""
+    def stream(self, generation: Generation, bodies: AsyncIterator[dict]) -> StreamingResponse:
+        """Server-sent events: the route's bodies, then [DONE] once they end with every choice finished; an
+        engine failure is an error event and [DONE]; a client gone, nothing more. Settles the generation."""
 
         async def events() -> AsyncIterator[str]:
             try:
-                for body in opening:
+                async for body in bodies:
                     yield sse(body)
-                async for piece in generation.pieces(request):
-                    yield sse(chunk(piece))
             except EngineFailed as exc:
                 yield sse(error_body(500, str(exc), "server_error"))
                 yield SSE_DONE
                 return
-            if generation.client_gone:
-                return
-            if closing is not None:
-                yield sse(closing())
-            yield SSE_DONE
+            if not generation.client_gone:
+                yield SSE_DONE
 
         return _ClosingStream(events(), on_close=generation.settle, media_type="text/event-stream",
                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -12,7 +12,7 @@ from assay.core.lazy import lazy_exports
 _EXPORTS = {
     "CompiledDecode": "assay.serve.runner.compiled_decode",
     "SlotPool": "assay.serve.runner.pool",
-    "load_adapter": "assay.serve.runner.weights",
+    "load_slot_model": "assay.serve.runner.weights",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -14,7 +14,7 @@ import torch
 
 from assay.core.compiling import CompileStats, compile_fn, watch
 from assay.core.device import synchronize
-from assay.serve.runner.weights import ModelAdapter
+from assay.serve.runner.weights import SlotModel
 
 
 def _fresh_function(fn):
@@ -24,21 +24,21 @@ def _fresh_function(fn):
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-def _decode_call(adapter: ModelAdapter, tokens, slot_ids, positions, buffers):
+def _decode_call(slot_model: SlotModel, tokens, slot_ids, positions, buffers):
     # tokens: [W, 1]; slot_ids, positions: [W] -> logits [W, vocab]
-    return adapter.decode(tokens, slot_ids, positions, buffers)
+    return slot_model.decode(tokens, slot_ids, positions, buffers)
 
 
 class CompiledDecode:
-    """adapter.decode, eager (backend None) or compiled with `backend`; its compiles counted in compile_stats."""
+    """slot_model.decode, eager (backend None) or compiled with `backend`; its compiles counted in compile_stats."""
 
-    def __init__(self, adapter: ModelAdapter, backend: str | None, max_seqs: int, device: torch.device):
-        self.adapter = adapter
+    def __init__(self, slot_model: SlotModel, backend: str | None, max_seqs: int, device: torch.device):
+        self.slot_model = slot_model
         self.eager = backend is None
         self.device = device
         self.compile_stats = CompileStats()
         if self.eager:
-            self._decode = adapter.decode
+            self._decode = slot_model.decode
         else:
             # dynamic=False: every width is its own static graph, the behaviour the reference system measured.
             self._decode = compile_fn(_fresh_function(_decode_call), backend, self.compile_stats, dynamic=False)
@@ -52,7 +52,7 @@ class CompiledDecode:
         with torch._dynamo.config.patch(
             recompile_limit=self._recompile_limit, accumulated_recompile_limit=max(256, 4 * self._recompile_limit)
         ):
-            return self._decode(self.adapter, tokens, slot_ids, positions, buffers)
+            return self._decode(self.slot_model, tokens, slot_ids, positions, buffers)
 
     def timed(self, tokens, slot_ids, positions, buffers) -> tuple[torch.Tensor, bool, float, float]:
         """(logits, compiled?, compile_s, step_s) of one decode call."""

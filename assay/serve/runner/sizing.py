@@ -12,7 +12,7 @@ import torch
 
 from assay.core.device import free_memory_bytes
 from assay.core.errors import AssayError
-from assay.serve.runner.weights import ModelAdapter, state_dtype
+from assay.serve.runner.weights import SlotModel, state_dtype
 
 # The static pool is allocated (and zeroed) whole at start-up. Without --max-len it may take this share of
 # the memory free then; the rest stays for activations, the compiler and other processes on the machine.
@@ -72,14 +72,14 @@ def check_max_len(path: str | os.PathLike, max_len: int | None, flag: str = "--m
                      f"use {flag} {max(positions, scaled or 0)} or less")
 
 
-def fitted_slot_len(adapter: ModelAdapter, slot_len: int, max_seqs: int, pool_dtype: str, device: torch.device) -> int:
+def fitted_slot_len(slot_model: SlotModel, slot_len: int, max_seqs: int, pool_dtype: str, device: torch.device) -> int:
     """The KV slot length without --max-len: slot_len (prompt + new tokens, already capped at the model's
     positions), shortened to what max_seqs + 1 slots can hold in POOL_MEMORY_SHARE of the free memory."""
-    wanted = min(slot_len, adapter.max_positions() or slot_len)
+    wanted = min(slot_len, slot_model.max_positions() or slot_len)
     free = free_memory_bytes(device)
     if free is None:
         return wanted
-    per_position = adapter.state_bytes_per_sequence(state_dtype(pool_dtype), 1)
+    per_position = slot_model.state_bytes_per_sequence(state_dtype(pool_dtype), 1)
     fits = int(POOL_MEMORY_SHARE * free) // ((max_seqs + 1) * per_position)
     if fits >= wanted:
         return wanted
@@ -92,10 +92,10 @@ def fitted_slot_len(adapter: ModelAdapter, slot_len: int, max_seqs: int, pool_dt
     return fitted
 
 
-def check_pool_fits(adapter: ModelAdapter, max_seqs: int, dtype: torch.dtype, max_len: int, device: torch.device) -> None:
+def check_pool_fits(slot_model: SlotModel, max_seqs: int, dtype: torch.dtype, max_len: int, device: torch.device) -> None:
     """A pool larger than the free memory fails here with its size, not later as an out-of-memory kill."""
     free = free_memory_bytes(device)
-    need = adapter.state_bytes_per_sequence(dtype, max_len) * (max_seqs + 1)
+    need = slot_model.state_bytes_per_sequence(dtype, max_len) * (max_seqs + 1)
     if free is not None and need > free:
         raise AssayError(
             f"the slot pool needs {need / 2**30:.1f} GiB ({max_seqs} slots + 1 scratch x {max_len} positions) but "
