@@ -6,7 +6,7 @@ overflows. This form cuts the chunk (C tokens, a power of two) into blocks of h 
 exponents relative to each block's own start and end, so that every factor between blocks is <= 1:
 
 - p_i, the log gate summed from the start of i's block through i (a sum inside one block, never the
-  difference of two long sums), and T, each block's total. One exp: E = exp(p) (clamped at -61 for h = 2).
+  difference of two long sums), and T, each block's total. One exp: E = exp(p) (for h = 2 of g clamped at -26, 0 below e^-25).
   Queries Qb = q E (<= |q|): q relative to its block's start.
 - the diagonal h x h blocks (j <= i inside one block, decay exp(p_i - p_j)):
   h >= 4: Qb (k / E)^T, one batched matmul. `plan` picks the largest h whose blocks all decay by at most
@@ -31,12 +31,11 @@ rows after its split and the R columns before it, and the state only each chunk'
 R keys; every chunk's decay is 0, so the state path is flushed.py's. Levels and state matmuls shrink by
 up to C / R; the plan checks the bound on the gates once per call (a few reductions over b).
 
-Denormals: every exp argument is clamped above -87 (exp's slow path) and every factor tensor built here
-(E, the block scales, the chunk's decay) is a normal number or zero: a level's row scale below e^-25 and
-a column factor below e^-86 (e^-25 for h = 2) are clamped there, which changes terms below e^-25 of
-|q| |k|; entry and exit scales are clamped at e^-86, the chunk's decay below e^-60 is 0. Products inside
-the matmuls can still be denormal for strong gates: free on this project's AMD EPYC (measured), 50x
-slower on the Intel machine the first design was tuned on (docs/gla.md: not measured for this design).
+Subnormals: none (docs/gla.md, "Subnormal numbers"). Every decay factor is in {0} u [e^-factor_floor, 1]
+(e^-25 in float32) except E and the decay to a block's end for h >= 4 (>= e^-60); a factor meets at most one
+other factor before it is set to 0 below the floor, so every product is >= e^-85 (normal), and q or k is
+multiplied by one combined factor per level and for the state's entry and exit: matmul terms >= e^-50 |q k|.
+Dropped: terms whose decay is below e^-25. Checked on every op by SubnormalCheck (tests/ops/test_gla_subnormal.py).
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from assay.kernels.gla.scan import CUMSUM_BLOCK, bmm, chunked, compiling
 
@@ -59,12 +59,14 @@ MAX_CHUNK = 32
 @dataclass(frozen=True)
 class Limits:
     block_range: float  # h >= 4: every h-block's total decay >= -this, so k / E <= e^this |k|
-    exp_floor: float  # exp arguments are clamped at -this (exp(-this) is a normal number)
-    state_flush: float  # the chunk's decay below e^-this is 0; with h = 2, p is clamped at -this - 1
+    factor_floor: float  # a decay factor below e^-this is exactly 0 (module docstring: no subnormals)
+    state_flush: float  # the reach's bound: terms across a whole R-block decay below e^-this
 
 
-# float64 (tests' high-precision runs) has the range for far smaller dropped terms.
-LIMITS = {torch.float32: Limits(60.0, 86.0, 60.0), torch.float64: Limits(600.0, 700.0, 600.0)}
+# float32 (bfloat16 inputs run in float32): E >= e^-60 times a factor >= e^-20 is >= e^-80, a normal number
+# (float32's smallest is e^-87.3); two kept factors meet in a matmul term at >= e^-40. float64 (the tests'
+# high-precision runs) has the range for far smaller dropped terms.
+LIMITS = {torch.float32: Limits(60.0, 25.0, 60.0), torch.float64: Limits(600.0, 100.0, 600.0)}
 
 
 @dataclass(frozen=True)
@@ -134,12 +136,12 @@ def block_prefix(g_c: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def _products(decay: torch.Tensor, chunk: int, block: int, floor: float):
-    """The per-block scales of every level from the blocks' decays exp(T) [M, C/h, K] (each >= e^-floor):
+    """The per-block scales of every level from the blocks' decays exp(T) [M, C/h, K] (each 0 or >= floor):
     yields (size, before, after) for size = h, 2h, ..., C/2 and then (C, before, after, chunk decay), where
     before / after [M, C/h, K] hold, for each block, the product of the decays of the blocks before / after
-    it inside its size-block (1 for the first / last). Products of numbers <= 1, clamped at e^-floor (no
-    denormals; a product below that is a decay below e^-floor either way); only multiplications, no exp."""
-    tiny = math.exp(-floor)
+    it inside its size-block (1 for the first / last). Products of two numbers in {0} u [floor, 1] (floor
+    e^-20: a product >= e^-40, normal), each set to exactly 0 below floor (its true value is a decay below
+    e^-20 either way); only multiplications, no exp."""
     before, after = torch.ones_like(decay), torch.ones_like(decay)
     spans = decay  # [M, C/size, K]: each size-block's decay
     size = block
@@ -147,9 +149,9 @@ def _products(decay: torch.Tensor, chunk: int, block: int, floor: float):
         yield size, before, after
         halves = (decay.shape[0], chunk // (2 * size), 2, size // block, decay.shape[-1])
         pairs = spans.view(decay.shape[0], -1, 2, decay.shape[-1])
-        before.view(halves)[:, :, 1].mul_(pairs[:, :, :1]).clamp_(min=tiny)
-        after.view(halves)[:, :, 0].mul_(pairs[:, :, 1:]).clamp_(min=tiny)
-        spans = (pairs[:, :, 0] * pairs[:, :, 1]).clamp_(min=tiny)
+        F.threshold_(before.view(halves)[:, :, 1].mul_(pairs[:, :, :1]), floor, 0.0)
+        F.threshold_(after.view(halves)[:, :, 0].mul_(pairs[:, :, 1:]), floor, 0.0)
+        spans = F.threshold_(pairs[:, :, 0] * pairs[:, :, 1], floor, 0.0)
         size *= 2
     yield size, before, after, spans[:, 0]
 
@@ -203,8 +205,9 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # row-wise dot prod
 class SubChunkParts:
     """The per-chunk tensors of the sub-chunk form from q, k, g [B, T, H, K] (T a multiple of plan.chunk).
 
-    scores [B, H, N, C, C] (times scale, 0 above the diagonal), queries_entry / keys_exit [B, H, N, C, K]
-    (q exp(b), k exp(B - b)), chunk_decay [B, H, N, K, 1] (exp(B)), and what the backward reuses."""
+    scores [B, H, N, C, C] (times scale, 0 above the diagonal), queries_entry / keys_exit [B, H, N, R, K]
+    (q exp(b), k exp(B - b)), chunk_decay [B, H, N, K, 1] (exp(B)), and what the backward reuses. Every
+    decay factor that meets q or k outside the diagonal blocks is one tensor in {0} u [e^-factor_floor, 1]."""
 
     def __init__(self, q, k, g, plan: SubChunkPlan, scale: float):
         self.plan, self.scale = plan, scale
@@ -218,19 +221,25 @@ class SubChunkParts:
         self.blocks = (flat, chunk // block, block, key_dim)  # [M, C/h, h, K], M = B H N
         # q, k, g as [B, H, N, C/h, h, K] views (no copy); the form's own tensors are contiguous [M, C/h, h, K].
         self.q_b, self.k_b = (x.unflatten(-2, (-1, block)) for x in (q_c, k_c))
-        floor, tiny = limits.exp_floor, math.exp(-limits.exp_floor)
+        floor = math.exp(-limits.factor_floor)
         if self.smallest:  # E: exp(g) for the first of a pair, exp(g_first + g_second) for the second
             pairs = g_c.unflatten(-2, (-1, 2))
+            # exp of arguments clamped just below the floor (a normal result), then 0 below the floor
+            low = -limits.factor_floor - 1.0
             if compiling():
-                clamped = pairs.clamp(min=-limits.state_flush - 1.0)
+                clamped = pairs.clamp(min=low)
             else:  # into a new contiguous tensor (the view's layout would follow g's)
-                clamped = torch.clamp(pairs, min=-limits.state_flush - 1.0, out=torch.empty(pairs.shape, dtype=g.dtype, device=g.device))
-            self.factor = clamped.contiguous().view(self.blocks).exp_()
+                clamped = torch.clamp(pairs, min=low, out=torch.empty(pairs.shape, dtype=g.dtype, device=g.device))
+            self.factor = F.threshold_(clamped.contiguous().view(self.blocks).exp_(), floor, 0.0)
             self.step = self.factor[..., 1, :].clone()  # exp(g_{2a+1}): the first's key to the pair's end
-            self.factor[..., 1, :].mul_(self.factor[..., 0, :]).clamp_(min=math.exp(-limits.state_flush - 1.0))
+            F.threshold_(self.factor[..., 1, :].mul_(self.factor[..., 0, :]), floor, 0.0)
+            self.ends = torch.ones_like(self.factor)  # each key's decay to its block's end: step, 1
+            self.ends[..., 0, :].copy_(self.step)
+            decay = self.factor[..., -1, :].clone()  # [M, C/h, K]: exp(T), each block's decay
         else:  # E = exp(p) >= e^-R: the plan bounds every block's total
             self.factor = block_prefix(g_c, block).view(self.blocks).exp_()
-        decay = self.factor[..., -1, :].clone()  # [M, C/h, K]: exp(T), each block's decay
+            self.ends = torch.div(self.factor[..., -1:, :], self.factor)  # exp(T - p) in [e^-R, 1]
+            decay = F.threshold(self.factor[..., -1, :], floor, 0.0)
         self.queries = _new(torch.mul, self.factor.view(*self.lead, *self.blocks[1:]), self.q_b).view(self.blocks)  # Qb = q E
         if self.smallest:  # keys relative to their block's end: k_{2a} exp(g_{2a+1}), k_{2a+1}
             if compiling():
@@ -240,48 +249,59 @@ class SubChunkParts:
                 keys = self.keys.view(*self.lead, *self.blocks[1:])
                 torch.mul(self.k_b[..., 0, :], self.step.view(keys[..., 0, :].shape), out=keys[..., 0, :])
                 keys[..., 1, :].copy_(self.k_b[..., 1, :])
-            level_floor = 25.0  # with the keys' and queries' own factors >= e^-61: products >= e^-86
-        else:  # keys relative to their block's start, k / E <= e^R |k| (the diagonal's); times exp(T): to its end
+        else:  # keys relative to their block's start, k / E <= e^R |k| (the diagonal's)
             self.keys = _new(torch.div, self.k_b, self.factor.view(*self.lead, *self.blocks[1:])).view(self.blocks)
-            level_floor = floor - limits.block_range
-        level_tiny = math.exp(-level_floor)
 
         # With a reach R < C, a level of size s > R keeps the R tokens on each side of its split (the rest
         # cross a whole R-block: below e^-state_flush), and the state only the chunk's first R queries and
-        # last R keys; its decay is then 0 (`scan_states` copies).
+        # last R keys. Between blocks, each side's factor is one tensor: rows q E exp(A), columns k exp(T - p) exp(Z).
         reach = plan.reach or chunk
-        self.levels = []  # (size, rows, cols, row scale or None, column scale or None), smallest first
+        self.levels = []  # (size, rows, cols, row factor, column factor), smallest first
         for size, before, after, *last in _products(decay, chunk, block, floor):
             if last:
                 break
             halves = (flat, chunk // (2 * size), 2, size // block, key_dim)
             used = min(size, reach) // block  # the blocks of each half next to the split
             right, left = (slice(None), slice(None), 1, slice(None, used)), (slice(None), slice(None), 0, slice(size // block - used, None))
-            q_halves, k_halves = self.queries.view(*halves[:4], block, key_dim), self.keys.view(*halves[:4], block, key_dim)
-            # rows: Qb times the decays of the right half's blocks before theirs; columns: the keys to their
-            # block's end (times exp(T) when they are relative to its start), times those after theirs
-            row_scale = None if size == block else before.view(halves)[right].clamp(min=level_tiny).unsqueeze(-2)
-            col_scale = after.view(halves)[left]
-            if not self.smallest:
-                col_scale = col_scale * decay.view(halves)[left]
-            col_scale = None if self.smallest and size == block else col_scale.clamp(min=level_tiny if self.smallest else tiny).unsqueeze(-2)
-            rows = q_halves[right] if row_scale is None else _new(torch.mul, q_halves[right], row_scale)
-            cols = k_halves[left] if col_scale is None else _new(torch.mul, k_halves[left], col_scale)
+            if self.smallest and size == block:  # E and the ends are already 0 or >= the floor: Qb and the keys as they are
+                row_factor, col_factor = self._halves(self.factor, size)[right], self._halves(self.ends, size)[left]
+                rows, cols = self._halves(self.queries, size)[right], self._halves(self.keys, size)[left]
+            else:
+                row_factor = self._factor(self._halves(self.factor, size)[right], before.view(halves)[right], floor)
+                col_factor = self._factor(self._halves(self.ends, size)[left], after.view(halves)[left], floor)
+                rows = self._scaled(self.q_b, row_factor, size, right)
+                cols = self._scaled(self.k_b, col_factor, size, left)
             if self._span(size, used * block) != used * block:  # stacked: the views of every other block are copied
                 rows, cols = rows.contiguous(), cols.contiguous()
-            self.levels.append((size, rows, cols, row_scale, col_scale))
+            self.levels.append((size, rows, cols, row_factor, col_factor))
 
-        # The state: entry factor E exp(P), 0 below e^-86 (P: the blocks before in the chunk), exit keys times
-        # the decays of the blocks after, the chunk's decay exp(B) (0 below e^-state_flush).
+        # The state: entry factor E exp(P) (P: the blocks before in the chunk), exit factor exp(T - p) times the
+        # decays of the blocks after, the chunk's decay exp(B); each 0 below the floor.
         total, ends = last[0], reach // block
-        self.before = before[:, :ends].unsqueeze(-2)  # [M, R/h, 1, K]: q exp(b) = Qb times this
-        exit_scale = after[:, -ends:] if self.smallest else after[:, -ends:] * decay[:, -ends:]
-        self.exit_scale = exit_scale.clamp_(min=level_tiny if self.smallest else tiny).unsqueeze(-2)  # [M, R/h, 1, K]
-        self.queries_entry = (self.queries[:, :ends] * self.before).view(*self.lead, reach, key_dim)
-        self.keys_exit = (self.keys[:, -ends:] * self.exit_scale).view(*self.lead, reach, key_dim)
-        decay = torch.nn.functional.threshold(total, math.exp(-limits.state_flush), 0.0)
-        self.chunk_decay = decay.view(*self.lead, key_dim, 1)
+        self.before = self._factor(self.factor[:, :ends], before[:, :ends], floor)  # [M, R/h, h, K]: q exp(b) = q times this
+        self.exit_scale = self._factor(self.ends[:, -ends:], after[:, -ends:], floor)  # k exp(B - b) = k times this
+        self.queries_entry = _new(torch.mul, self.q_b[..., :ends, :, :], self.before.view(*self.lead, ends, block, key_dim)).view(*self.lead, reach, key_dim)
+        self.keys_exit = _new(torch.mul, self.k_b[..., -ends:, :, :], self.exit_scale.view(*self.lead, ends, block, key_dim)).view(*self.lead, reach, key_dim)
+        self.chunk_decay = total.view(*self.lead, key_dim, 1)  # 0 below the floor (the products' threshold)
         self.scores = self._assemble()
+
+    def _halves(self, x: torch.Tensor, size: int) -> torch.Tensor:
+        """[M, C/h, h, K] -> a view [M, C/2s, 2, s/h, h, K]: each 2s-block's two halves."""
+        flat, blocks, block, key_dim = x.shape
+        return x.view(flat, blocks * block // (2 * size), 2, size // block, block, key_dim)
+
+    @staticmethod
+    def _factor(per_token: torch.Tensor, per_block: torch.Tensor, floor: float) -> torch.Tensor:
+        """per_token [M, n, h, K] (E or the ends: >= e^-60 or 0) times per_block [M, n, K] (0 or >= floor): a
+        product >= e^-80, normal, in a new tensor; then 0 below floor."""
+        return F.threshold_(_new(torch.mul, per_token, per_block.unsqueeze(-2)), floor, 0.0)
+
+    def _scaled(self, x_b: torch.Tensor, factor: torch.Tensor, size: int, index) -> torch.Tensor:
+        """q or k ([B, H, N, C/h, h, K] view) on one half of each 2s-block times that half's factor
+        [M, C/2s, used, h, K]: a new [M, C/2s, used, h, K] tensor."""
+        block = self.plan.block
+        view = x_b.unflatten(3, (-1, 2, size // block))[(slice(None),) * 3 + index[1:]]
+        return _new(torch.mul, view, factor.view(*self.lead, *factor.shape[1:])).view(factor.shape)
 
     def _assemble(self) -> torch.Tensor:
         chunk, block = self.plan.chunk, self.plan.block
@@ -311,22 +331,26 @@ class SubChunkParts:
     def query_key_grads(self, grad_scores, entry, exit_, scale):
         """(grad_q, grad_k) [B, H, N, C, K] from grad_scores [B, H, N, C, C] (do v^T, lower triangle) and the
         parts through the states, entry = scale do S_entry^T of the first R rows and exit_ = v dS_exit^T of the
-        last R rows [B, H, N, R, K]: collected in the units of Qb and of the keys, each level's part times its
-        scale, then in q's and k's own units."""
+        last R rows [B, H, N, R, K]: the diagonal blocks' part, then each level's and the state's part times
+        its factor (q's and k's own units throughout)."""
         chunk, block = self.plan.chunk, self.plan.block
         flat, key_dim = self.blocks[0], self.blocks[-1]
         grads = grad_scores.reshape(flat, chunk, chunk)
-        if self.smallest:  # the row-wise products: the diagonal in q's and k's units, below it in the keys'
+        if self.smallest:  # the row-wise products: the diagonal in q's and k's units, below it through the keys
             diagonal = grads.diagonal(dim1=-2, dim2=-1).reshape(*self.lead, *self.blocks[1:3], 1) * scale
             below = grads.view(flat, chunk // 2, 2, chunk // 2, 2).diagonal(dim1=1, dim2=3)[:, 1, 0].reshape(*self.blocks[:2], 1) * scale
-            grad_queries = torch.zeros(self.blocks, dtype=grads.dtype, device=grads.device)
-            grad_keys = torch.zeros_like(grad_queries)
-            grad_keys.view(*self.lead, *self.blocks[1:])[..., 0, :].addcmul_(below.view(*self.lead, -1, 1), self.q_b[..., 1, :])
-        else:
+            grad_q = torch.zeros(self.blocks, dtype=grads.dtype, device=grads.device)
+            grad_k = torch.zeros_like(grad_q)
+            first_keys = grad_k.view(*self.lead, *self.blocks[1:])[..., 0, :]
+            first_keys.addcmul_(below.view(*self.lead, -1, 1), self.q_b[..., 1, :]).mul_(self.step.view(first_keys.shape))
+            grad_q.view(*self.lead, *self.blocks[1:])[..., 1, :].addcmul_(below.view(*self.lead, -1, 1), self.keys.view(*self.lead, *self.blocks[1:])[..., 0, :])
+            grad_q.view(*self.lead, *self.blocks[1:]).addcmul_(diagonal, self.k_b)
+            grad_k.view(*self.lead, *self.blocks[1:]).addcmul_(diagonal, self.q_b)
+        else:  # in Qb's and the keys' units, then times E and over E
             on_diagonal = _block_view(grads, block, diagonal=True).reshape(-1, block, block)
-            grad_queries = bmm(on_diagonal, self.keys.view(-1, block, key_dim), alpha=scale).view(self.blocks)
-            grad_keys = bmm(on_diagonal.transpose(-1, -2), self.queries.view(-1, block, key_dim), alpha=scale).view(self.blocks)
-        for size, rows, cols, row_scale, col_scale in self.levels:
+            grad_q = bmm(on_diagonal, self.keys.view(-1, block, key_dim), alpha=scale).view(self.blocks).mul_(self.factor)
+            grad_k = bmm(on_diagonal.transpose(-1, -2), self.queries.view(-1, block, key_dim), alpha=scale).view(self.blocks).div_(self.factor)
+        for size, rows, cols, row_factor, col_factor in self.levels:
             width = _width(rows)
             span = self._span(size, width)
             level = _level_view(grads, size, width)  # [M, C/2s, w, w]
@@ -338,24 +362,12 @@ class SubChunkParts:
                 level = stacked
             grad_rows = bmm(level, cols.reshape(-1, span, key_dim), alpha=scale).view(cols.shape)
             grad_cols = bmm(level.transpose(-1, -2), rows.reshape(-1, span, key_dim), alpha=scale).view(cols.shape)
-            halves = (flat, chunk // (2 * size), 2, size // block, block, key_dim)
             used = width // block
-            into_rows, into_cols = grad_queries.view(halves)[:, :, 1, :used], grad_keys.view(halves)[:, :, 0, size // block - used :]
-            into_rows.add_(grad_rows) if row_scale is None else into_rows.addcmul_(grad_rows, row_scale)
-            into_cols.add_(grad_cols) if col_scale is None else into_cols.addcmul_(grad_cols, col_scale)
-        # through the exit keys (the keys times their exit scale) and the entry queries (q times its factor)
+            self._halves(grad_q, size)[:, :, 1, :used].addcmul_(grad_rows, row_factor)
+            self._halves(grad_k, size)[:, :, 0, size // block - used :].addcmul_(grad_cols, col_factor)
+        # through the exit keys (k times the exit factor) and the entry queries (q times the entry factor)
         exit_, entry = exit_.reshape(flat, -1, block, key_dim), entry.reshape(flat, -1, block, key_dim)  # [M, R/h, h, K]
-        grad_keys[:, -exit_.shape[1] :].addcmul_(exit_, self.exit_scale)
-        grad_queries[:, : entry.shape[1]].addcmul_(entry, self.before)
-        grad_q = grad_queries.mul_(self.factor).view(*self.lead, *self.blocks[1:])
-        if self.smallest:
-            grad_k = grad_keys
-            grad_k[..., 0, :].mul_(self.step)
-            grad_k = grad_k.view(*self.lead, *self.blocks[1:])
-            grad_q[..., 1, :].addcmul_(below.view(*self.lead, -1, 1), self.keys.view(*self.lead, *self.blocks[1:])[..., 0, :])
-            grad_q.addcmul_(diagonal, self.k_b)
-            grad_k.addcmul_(diagonal, self.q_b)
-        else:
-            grad_k = grad_keys.div_(self.factor)
+        grad_k[:, -exit_.shape[1] :].addcmul_(exit_, self.exit_scale)
+        grad_q[:, : entry.shape[1]].addcmul_(entry, self.before)
         full = (*self.lead, chunk, key_dim)
         return grad_q.reshape(full), grad_k.reshape(full)

@@ -39,6 +39,9 @@ __all__ = ["GLA", "Block", "GLAOperator", "GatedLinearAttention", "ParamCounts",
 
 # One float32 [B, H, K, V] tensor per layer, then (short convolutions) one [B, W - 1, 2 K_all + V_all] per layer.
 State = list[torch.Tensor]
+# The forget gate's logits are clamped here (GatedLinearAttention._project): logsigmoid(40) = -4e-18 stays normal
+# after any normaliser up to 1e20.
+GATE_LOGIT_MAX = 40.0
 
 
 class GatedLinearAttention(nn.Module):
@@ -96,7 +99,11 @@ class GatedLinearAttention(nn.Module):
         q = q.view(batch, seq_len, -1, self.head_k_dim)
         k = k.view(batch, seq_len, -1, self.head_k_dim)
         v = v.view(batch, seq_len, -1, self.head_v_dim)
-        g = F.logsigmoid(self.gk_up(self.gk_down(x))).view(batch, seq_len, -1, self.head_k_dim) / self.gate_logit_normalizer
+        # logsigmoid(x) = -softplus(-x), written so: aten's log_sigmoid also writes a buffer exp(-|x|), a subnormal
+        # number past |x| = 87 (slow on many CPUs). Logits are clamped at GATE_LOGIT_MAX, where softplus(-x) = e^-x
+        # would be one too; there g differs from 0 by under e^-40 (exp(g) = 1 either way).
+        logits = self.gk_up(self.gk_down(x)).clamp(max=GATE_LOGIT_MAX)
+        g = -F.softplus(-logits).view(batch, seq_len, -1, self.head_k_dim) / self.gate_logit_normalizer
         if self.clamp_min is not None:
             g = g.clamp_min(self.clamp_min)
         if mask is not None:
