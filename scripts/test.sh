@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# The whole test suite, set-up included: `bash scripts/test.sh` on a fresh machine.
+# The whole test suite, set-up included: `bash scripts/test.sh` on a fresh machine (pytest's flags pass through).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+echo "test: setting up .venv with every extra the tests use" >&2
+bash scripts/setup.sh test
 # shellcheck disable=SC1091
 . .venv/bin/activate
+
+# A real browser for the web-app tests: Debian's Chromium (Playwright drives it; it downloads no browser).
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "test: installing Chromium with apt-get for the browser tests" >&2
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "test: chromium not found and cannot be installed here (need root and apt-get); the browser tests will fail" >&2
+  fi
+fi
+echo "test: running pytest $*" >&2
 python -m pytest "$@"

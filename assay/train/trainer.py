@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -170,6 +171,9 @@ class Trainer:
         self.scheduler.load_state_dict(saved["scheduler"])
         if self.start_step >= request.training.steps:
             raise AssayError(f"{self.last_checkpoint} is at step {self.start_step}; --steps {request.training.steps} leaves nothing to train")
+        if self.layout.is_main:  # on stderr: stdout stays the table or the --json document
+            print(f"resumed from step {self.start_step} ({self.last_checkpoint}); training steps {self.start_step + 1}-"
+                  f"{request.training.steps}", file=sys.stderr, flush=True)
 
     def step(self, step: int) -> dict:
         """Optimizer step number `step` (0-based); its record. TrainingDiverged on a NaN/inf loss or gradient."""

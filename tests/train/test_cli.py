@@ -81,3 +81,16 @@ def test_plot_of_a_missing_file_is_one_line_and_exit_2(tmp_path, assay_cli):
     completed = assay_cli("plot", str(tmp_path / "absent.jsonl"), "-o", str(tmp_path / "x.png"))
     assert completed.returncode == 2
     assert completed.stderr.strip().splitlines() == [f"error: no metrics file at {tmp_path / 'absent.jsonl'}"]
+
+
+@pytest.mark.slow
+def test_resume_says_which_step_it_resumed_from(train_zoo, tmp_path, assay_cli):
+    args = ["train", "--model", str(train_zoo / "qwen3"), "--path", "native", "--seq-len", "32", "--batch", "2",
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2", "--json"]
+    first = assay_cli(*args, "--steps", "2")
+    assert first.returncode == 0, first.stderr
+    assert "resumed from" not in first.stderr
+    resumed = assay_cli(*args, "--steps", "3", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from step 2 ({tmp_path / 'ckpt' / 'step-000002'}); training steps 3-3" in resumed.stderr.splitlines()
+    assert [r["step"] for r in json.loads(resumed.stdout)["records"]] == [3]  # stdout is still the JSON alone

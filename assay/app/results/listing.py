@@ -15,11 +15,13 @@ from assay.compat.schema import FAILURES
 
 SELECTED, TRENDING, DOWNLOADS, ALL_RESULTS = "Selected", "Trending", "Downloads", "All results"
 VIEWS = (SELECTED, TRENDING, DOWNLOADS, ALL_RESULTS)
+# What "tested on" says of a row whose tested name differs from the public id it stands in for (a zoo entry).
+STAND_IN, THE_CHECKPOINT = "tiny stand-in", "the checkpoint itself"
 # The browser gets at most this many rows: a 10,000-row table helps nobody and costs seconds to send.
 DEFAULT_LIMIT = 500
 
 LIST_COLUMNS = [
-    "#", "model", "tested as", "task", "result", "eval", "reason", "stack", "dtype", "device", "compiler", "transformers",
+    "#", "model", "tested as", "tested on", "task", "result", "eval", "reason", "stack", "dtype", "device", "compiler", "transformers",
     "total s", "peak MB", "downloads", "likes", "trending",
 ]
 
@@ -131,10 +133,21 @@ def list_view(snapshot: Snapshot, catalog: Catalog, view: str, filters: Filters,
         matched = matched[text_mask(search, filters.text) & _status_mask(matched["result"], filters.status)]
     total = len(matched)
     table = _display(matched.head(limit))
-    return Listing(table, total, _listing_note(view, catalog, total, len(table), len(snapshot.rows)))
+    stand_ins = int(_stand_in(matched).sum())
+    return Listing(table, total, _listing_note(view, catalog, total, len(table), len(snapshot.rows), stand_ins))
 
 
-def _listing_note(view: str, catalog: Catalog, total: int, shown: int, recorded: int) -> str:
+def _stand_in(matched: pd.DataFrame) -> pd.Series:
+    """Rows that tested a zoo entry in place of the public checkpoint they are listed under."""
+    return matched["model"].notna() & (matched["public"] != matched["model"])
+
+
+def _tested_on(matched: pd.DataFrame) -> list[str]:
+    return [STAND_IN if stand_in else THE_CHECKPOINT if tested else ""
+            for stand_in, tested in zip(_stand_in(matched), matched["model"].notna())]
+
+
+def _listing_note(view: str, catalog: Catalog, total: int, shown: int, recorded: int, stand_ins: int = 0) -> str:
     if view in (TRENDING, DOWNLOADS) and not any(
         getattr(m, "trending_score" if view == TRENDING else "downloads") is not None for m in catalog.models
     ):
@@ -144,7 +157,12 @@ def _listing_note(view: str, catalog: Catalog, total: int, shown: int, recorded:
     if view == ALL_RESULTS and recorded == 0:
         return "No results recorded yet."
     shown_note = f"showing the first {shown:,} of {total:,} rows; search or filter to narrow" if shown < total else f"{total:,} rows"
-    return f"{view}: {shown_note}."
+    if not stand_ins:
+        return f"{view}: {shown_note}."
+    # Said plainly: a zoo result is about the architecture on that stack, not the named checkpoint's weights.
+    which = "all of them" if stand_ins == total else f"{stand_ins:,} of them"
+    return (f"{view}: {shown_note}; {which} tested a {STAND_IN} (a small model of the same architecture), not the named "
+            "checkpoint: such a result says the architecture runs on that stack, not that the checkpoint itself was loaded.")
 
 
 def _display(matched: pd.DataFrame) -> pd.DataFrame:
@@ -152,6 +170,7 @@ def _display(matched: pd.DataFrame) -> pd.DataFrame:
         "#": [cell_count(v) for v in matched["rank"]],
         "model": [cell_text(v) for v in matched["public"]],
         "tested as": [cell_text(v) for v in matched["model"]],
+        "tested on": _tested_on(matched),
         "task": [cell_text(v) for v in matched["task"]],
         "result": [cell_text(v) for v in matched["result"]],
         "eval": [cell_text(v) for v in matched["eval"]],
