@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from assay.core.errors import AssayError
-from assay.models import ARCH_PACKAGES  # noqa: F401  (public here too)
+from assay.models import ARCH_PACKAGES
 from assay.models.serving import CacheSpec, ModelAdapter
 
 # Where the built-in entries live: ARCH_PACKAGES (assay/models/__init__.py, torch-free there so that --help
@@ -102,9 +102,6 @@ class ArchSpec:
     def build(self, args: Any, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> nn.Module:
         """The model for args: shapes only on "meta", randomly initialised elsewhere."""
         return self.model_cls.build(args, device, dtype, seed)
-
-    def init(self, args: Any, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> nn.Module:
-        return self.build(args, device, dtype, seed)
 
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
         return self.adapter_cls(args).to_hf(state_dict)

@@ -137,7 +137,7 @@ def register(app: typer.Typer) -> None:
     ):
         """GLA at several state sizes and attention at the same widths on MQAR: accuracy vs state / KV-cache bytes."""
         from assay.core.output import print_json, print_table
-        from assay.recall.mqar import layout_for
+        from assay.recall.spec import layout_for
         from assay.recall.report import SWEEP_COLUMNS, TABLE_HEADERS, table_rows
         from assay.recall.sweep import RecallSweepRequest, plot_sweep, run_sweep
 
@@ -207,7 +207,7 @@ def register(app: typer.Typer) -> None:
     ):
         """The saved table of a `recall train` run, and its plot."""
         from assay.core.output import print_json, print_table
-        from assay.recall.mqar import MQARSpec
+        from assay.recall.spec import MQARSpec
         from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, load_results, plot_accuracy, table_rows
 
         check_output_file("--plot", plot)

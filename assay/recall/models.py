@@ -26,8 +26,7 @@ import torch
 
 from assay.core.errors import AssayError
 from assay.core.files import atomic_folder, atomic_write_json, atomic_write_text
-from assay.recall.mqar import MQARSpec
-from assay.recall.spec import ARCHS, ModelSize  # noqa: F401 (their home is spec.py; imported from here too)
+from assay.recall.spec import ARCHS, MQARSpec, ModelSize
 from assay.core.tokens import TOKEN_IDS
 
 LAYOUT_FILE = "recall.json"

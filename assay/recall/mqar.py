@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from assay.core.errors import AssayError
-from assay.recall.spec import ZOO_VOCAB, MQARSpec, layout_for  # noqa: F401 (their home is spec.py; imported from here too)
+from assay.recall.spec import MQARSpec
 
 IGNORE_INDEX = -100  # the trainer's (assay.train.data.IGNORE_INDEX); repeated so this module imports no trainer
 

@@ -1,6 +1,6 @@
 """What a recall run is made of, without torch: the architectures compared, a model's size, the MQAR
 token layout. `assay recall train` checks a request against these before importing torch, so a
-wrong flag answers at once; models.py and mqar.py build on them (and re-export them)."""
+wrong flag answers at once; models.py and mqar.py build on them."""
 
 from __future__ import annotations
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json
 from assay.recall import recipe
-from assay.recall.models import ModelSize, has_short_conv, key_width, matched_params
-from assay.recall.mqar import MQARSpec, check_fits
+from assay.recall.models import has_short_conv, key_width, matched_params
+from assay.recall.mqar import check_fits
+from assay.recall.spec import ModelSize, MQARSpec
 
 SWEEP_FILE = "sweep.json"
 SWEEP_SCHEMA = "assay.recall.sweep/1"

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from assay.core.errors import AssayError
-from assay.recall.mqar import IGNORE_INDEX, MQARBatches, MQARSpec, check_fits, evaluate, make_batch, score_predictions
+from assay.recall.mqar import IGNORE_INDEX, MQARBatches, check_fits, evaluate, make_batch, score_predictions
+from assay.recall.spec import MQARSpec
 
 SPEC = MQARSpec(n_keys=64, n_values=64)
 

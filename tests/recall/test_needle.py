@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from assay.core.errors import AssayError
-from assay.recall.mqar import MQARSpec
+from assay.recall.spec import MQARSpec
 from assay.recall.needle import NeedleRequest, first_digits, run_needle, text_prompt, token_prompt
 from assay.recall.report import plot_needle
 

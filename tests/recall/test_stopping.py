@@ -7,8 +7,8 @@ import pytest
 
 import json
 
-from assay.recall.models import ModelSize, matched_params, model_args, state_bytes
-from assay.recall.mqar import MQARSpec
+from assay.recall.models import matched_params, model_args, state_bytes
+from assay.recall.spec import ModelSize, MQARSpec
 from assay.recall.sweep import RecallSweepRequest, sweep_points
 from assay.recall.train import DEFAULT_MAX_STEPS, RecallTrainRequest, train_recall
 

@@ -14,7 +14,8 @@ import torch
 
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-from assay.train import FAMILIES, DataSpec, OptimConfig, TrainRequest, family_for, train
+from assay.models import registry
+from assay.train import DataSpec, OptimConfig, TrainRequest, train
 
 STEPS = 4
 
@@ -132,8 +133,8 @@ def test_kernels_need_the_native_path(train_zoo):
         train(TrainRequest(model=str(train_zoo / "qwen3"), path="hf", kernels=("rope",), steps=1))
 
 
-def test_families_are_keyed_by_model_type():
-    assert family_for("qwen3") is family_for("qwen3_moe") is FAMILIES["qwen3"]
-    assert family_for("llama") is family_for("mistral") and family_for("llama").name == "llama"
+def test_native_models_are_keyed_by_model_type(train_zoo):
+    assert registry.for_model_type("qwen3") is registry.for_model_type("qwen3_moe") is registry.get("qwen3")
+    assert registry.for_model_type("llama") is registry.for_model_type("mistral") and registry.for_model_type("llama").name == "llama"
     with pytest.raises(AssayError, match="no native model for model_type 'gpt2'.*--path hf"):
-        family_for("gpt2")
+        train(TrainRequest(model=str(train_zoo / "gpt2"), path="native", steps=1))

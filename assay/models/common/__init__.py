@@ -10,5 +10,10 @@
   counting.py            parameter counts for the MFU formula
   overrides.py           "layers=4,heads=2" parsing
 
-assay.models.layers re-exports the layers' public names.
+The kernel registry (assay.kernels) targets the layer classes here, never a model class, so a new
+architecture that builds from these layers gets the kernels with no kernel change:
+  rope.RotaryEmbedding              (q, k, cos, sin) -> (q, k), [B, T, H, D]      kernel "rope"
+  attention.CausalAttention         (q, k, v) -> out, [B, T, H, D]                 kernel "attention"
+  feed_forward.GroupedExperts       (x, top_k_index, top_k_weights) -> out          kernel "grouped_experts"
+  linear_attention.GLAOperator      (q, k, v, g, initial_state, output_final_state)  kernel "gla_chunk"
 """

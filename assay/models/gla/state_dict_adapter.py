@@ -13,10 +13,6 @@ Every tensor keeps its shape: nn.Linear weights are [out, in] on both sides.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import torch
-
 from assay.models.common.state_dict_adapter import KeyMapAdapter
 from assay.models.gla.args import GLAArgs
 
@@ -60,11 +56,3 @@ class GLAStateDictAdapter(KeyMapAdapter):
         if rest == "attention.out_norm.weight":
             return (_FUSED_NORM_NAME, self.PER_LAYER[rest]) if self.args.fuse_norm else (self.PER_LAYER[rest], _FUSED_NORM_NAME)
         return super().hf_names(rest)
-
-
-def to_hf(state_dict: Mapping[str, torch.Tensor], args: GLAArgs) -> dict[str, torch.Tensor]:
-    return GLAStateDictAdapter(args).to_hf(state_dict)
-
-
-def from_hf(hf_state_dict: Mapping[str, torch.Tensor], args: GLAArgs, slice_layers: bool = False) -> dict[str, torch.Tensor]:
-    return GLAStateDictAdapter(args).from_hf(hf_state_dict, slice_layers)

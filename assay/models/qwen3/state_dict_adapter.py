@@ -103,12 +103,4 @@ def _is_expert_or_fused(rest: str) -> bool:
     return bool(_HF_EXPERT_KEY.match(rest)) or rest in _HF_FUSED
 
 
-def to_hf(state_dict: Mapping[str, torch.Tensor], args: Qwen3Args) -> dict[str, torch.Tensor]:
-    return Qwen3StateDictAdapter(args).to_hf(state_dict)
-
-
-def from_hf(hf_state_dict: Mapping[str, torch.Tensor], args: Qwen3Args, slice_experts: bool = False) -> dict[str, torch.Tensor]:
-    return Qwen3StateDictAdapter(args).from_hf(hf_state_dict, slice_experts)
-
-
-__all__ = ["Qwen3StateDictAdapter", "from_hf", "to_hf"]
+__all__ = ["Qwen3StateDictAdapter"]
