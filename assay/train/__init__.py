@@ -12,7 +12,7 @@ from __future__ import annotations
 from assay.core.lazy import lazy_exports
 
 _EXPORTS = {
-    "DataSpec": "assay.train.data",
+    "DataSource": "assay.train.data",
     "PackedBatches": "assay.train.data",
     "OptimConfig": "assay.train.optimization",
     "plot_metrics": "assay.train.plot",

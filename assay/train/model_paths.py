@@ -30,8 +30,8 @@ class ModelChoice:
     checkpoint: str
     path: str = "native"
     flavour: str | None = None  # native only: the family's named size, randomly initialised
-    spec: str | None = None  # native only: field overrides, "layers=4,experts=8,top_k=2"
-    slice_experts: bool = False
+    overrides: str | None = None  # native only: field overrides (--spec), "layers=4,experts=8,top_k=2"
+    allow_sliced_checkpoint: bool = False
     seed: int = 0  # for a flavour's random init and for --check-init's random twin
 
 
@@ -187,17 +187,17 @@ def load_model(choice: ModelChoice, device: torch.device, dtype: torch.dtype) ->
     folder = checkpoint_dir(choice.checkpoint)
     config = read_hf_config(folder)
     if choice.path == "hf":
-        if choice.flavour or choice.spec or choice.slice_experts:
-            raise AssayError("--flavour, --spec and --slice-experts choose a native model; use them with --path native")
+        if choice.flavour or choice.overrides or choice.allow_sliced_checkpoint:
+            raise AssayError("--flavour, --spec and --allow-sliced-checkpoint choose a native model; use them with --path native")
         return _load_hf(folder, config, device, dtype)
     family = _native_entry(config.get("model_type"))
     if choice.flavour is not None:
         if choice.flavour not in family.flavours:
             raise AssayError(f"unknown {family.name} flavour {choice.flavour!r}; known: {', '.join(family.flavours)}")
-        args = family.apply_spec(family.flavours[choice.flavour], choice.spec)
+        args = family.apply_overrides(family.flavours[choice.flavour], choice.overrides)
         model = family.build(args, device, dtype, choice.seed)
         return NativeModel(model, args, family, folder, config, has_weights=False)
-    model, args = family.load(folder, choice.spec, choice.slice_experts, device, dtype)
+    model, args = family.load(folder, choice.overrides, choice.allow_sliced_checkpoint, device, dtype)
     return NativeModel(model, args, family, folder, config, has_weights=True)
 
 

@@ -207,10 +207,10 @@ def test_unsupported_configs_are_clear_errors(change, message):
 
 
 def test_spec_overrides_and_bad_sizes():
-    args = SPEC.apply_spec(FLAVOURS["tiny"], "layers=3,heads=2,chunk=32")
+    args = SPEC.apply_overrides(FLAVOURS["tiny"], "layers=3,heads=2,chunk=32")
     assert (args.n_layers, args.n_heads, args.chunk_size) == (3, 2, 32)
     with pytest.raises(AssayError, match="not a GLA field"):
-        SPEC.apply_spec(FLAVOURS["tiny"], "experts=8")
+        SPEC.apply_overrides(FLAVOURS["tiny"], "experts=8")
     with pytest.raises(AssayError, match="multiple of n_heads"):
         replace(FLAVOURS["tiny"], n_heads=3)
 

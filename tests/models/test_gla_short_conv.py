@@ -104,7 +104,7 @@ def test_export_writes_flas_conv_keys_and_loads_back(tmp_path):
     without = tmp_path / "without"
     SPEC.export_hf(GLA.build(FLAVOURS["tiny"], seed=0), FLAVOURS["tiny"], without)
     with pytest.raises(AssayError, match="q_conv1d"):
-        SPEC.load(without, spec_overrides="short_conv=true")
+        SPEC.load(without, overrides="short_conv=true")
 
 
 def test_conv_size_below_two_is_a_clear_error_and_tensor_parallel_splits_the_filters():

@@ -131,16 +131,16 @@ def test_load_in_bfloat16_keeps_tied_embedding_shared(tmp_path):
 
 def test_reduced_moe_spec_is_refused_without_slice_experts(moe_checkpoints):
     with pytest.raises(AssayError) as refused:
-        SPEC.load(moe_checkpoints[0], spec_overrides="layers=2,experts=4")
+        SPEC.load(moe_checkpoints[0], overrides="layers=2,experts=4")
     message = str(refused.value)
-    assert "2 of its 3 layers" in message and "4 of its 8 experts" in message and "slice_experts=True" in message
+    assert "2 of its 3 layers" in message and "4 of its 8 experts" in message and "allow_sliced_checkpoint=True" in message
 
 
 def test_reduced_moe_with_slice_experts_matches_a_reduced_transformers_model(moe_checkpoints):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     single, sharded = moe_checkpoints
-    model, args = SPEC.load(sharded, spec_overrides="layers=2,experts=4", slice_experts=True)
+    model, args = SPEC.load(sharded, overrides="layers=2,experts=4", allow_sliced_checkpoint=True)
     assert (args.n_layers, args.n_experts, args.top_k) == (2, 4, 2)
     assert len(model.layers) == 2
     experts = model.layers[1].moe.experts
@@ -165,14 +165,14 @@ def test_reduced_moe_with_slice_experts_matches_a_reduced_transformers_model(moe
 
 def test_spec_larger_than_checkpoint_is_refused(moe_checkpoints):
     with pytest.raises(AssayError, match="asks for 4 layers but the checkpoint has 3"):
-        SPEC.load(moe_checkpoints[0], spec_overrides="layers=4", slice_experts=True)
+        SPEC.load(moe_checkpoints[0], overrides="layers=4", allow_sliced_checkpoint=True)
     with pytest.raises(AssayError, match="asks for 16 experts"):
-        SPEC.load(moe_checkpoints[0], spec_overrides="experts=16", slice_experts=True)
+        SPEC.load(moe_checkpoints[0], overrides="experts=16", allow_sliced_checkpoint=True)
 
 
 def test_spec_with_other_sizes_names_the_mismatched_tensors(moe_checkpoints):
     with pytest.raises(AssayError, match=r"do not fit the Qwen3 spec: .*moe.experts.w1 \(8, 32, 64\) vs spec \(8, 48, 64\)"):
-        SPEC.load(moe_checkpoints[0], spec_overrides="moe_hidden=48")
+        SPEC.load(moe_checkpoints[0], overrides="moe_hidden=48")
 
 
 def test_missing_and_unexpected_keys_are_named(tmp_path):
@@ -264,7 +264,7 @@ def test_export_shards_over_the_limit_and_a_later_export_removes_stale_shards(tm
 
 
 def test_export_of_a_sliced_moe_reloads_as_the_reduced_architecture(moe_checkpoints, tmp_path):
-    model, args = SPEC.load(moe_checkpoints[0], spec_overrides="layers=2,experts=4", slice_experts=True)
+    model, args = SPEC.load(moe_checkpoints[0], overrides="layers=2,experts=4", allow_sliced_checkpoint=True)
     SPEC.export_hf(model, args, tmp_path / "reduced", tokenizer_source_dir=moe_checkpoints[0])
     reloaded, info = reload_with_transformers(tmp_path / "reduced")
     assert (reloaded.config.num_hidden_layers, reloaded.config.num_experts) == (2, 4)

@@ -137,11 +137,11 @@ def test_hf_config_rejects_other_architectures():
 
 def test_spec_override_string_with_aliases():
     assert Qwen3Args.parse_overrides("layers=4,experts=8,top_k=2") == {"n_layers": 4, "n_experts": 8, "top_k": 2}
-    spec = SPEC.apply_spec(FLAVOURS["30B-A3B"], "layers=4, experts=64, top_k=4, tie=false, theta=1e6, mlp_only_layers=[0,2]")
+    spec = SPEC.apply_overrides(FLAVOURS["30B-A3B"], "layers=4, experts=64, top_k=4, tie=false, theta=1e6, mlp_only_layers=[0,2]")
     assert (spec.n_layers, spec.n_experts, spec.top_k, spec.tie_embeddings, spec.rope_theta) == (4, 64, 4, False, 1e6)
     assert spec.mlp_only_layers == (0, 2)
-    assert SPEC.apply_spec(FLAVOURS["tiny"], {"dim": 32, "heads": 2, "kv_heads": 1}).dim == 32
-    assert SPEC.apply_spec(FLAVOURS["tiny"], None) == FLAVOURS["tiny"]
+    assert SPEC.apply_overrides(FLAVOURS["tiny"], {"dim": 32, "heads": 2, "kv_heads": 1}).dim == 32
+    assert SPEC.apply_overrides(FLAVOURS["tiny"], None) == FLAVOURS["tiny"]
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ def test_spec_override_string_with_aliases():
 )
 def test_spec_override_errors_are_clear(text, message):
     with pytest.raises(AssayError, match=message):
-        SPEC.apply_spec(FLAVOURS["tiny-moe"], text)
+        SPEC.apply_overrides(FLAVOURS["tiny-moe"], text)
 
 
 def test_guide_4b_from_32b_builder_is_the_4b_flavour():

@@ -11,7 +11,7 @@ import torch
 from assay.core.numerics import rel_error, tolerance
 from assay.recall.models import build_model, matched_params, state_bytes
 from assay.recall.mqar import IGNORE_INDEX, make_batch
-from assay.recall.spec import ModelSize, MQARSpec, layout_for
+from assay.recall.shapes import ModelSize, MQARLayout, layout_for
 from assay.recall.train import RecallTrainRequest, train_recall
 from assay.train.trainer import next_token_loss
 
@@ -65,13 +65,13 @@ def test_attention_learns_mqar_and_the_initial_scale_sets_its_plateau(tmp_path):
 
 def test_gla_prefill_then_decode_gives_the_answers_of_one_pass():
     torch.manual_seed(0)
-    spec = MQARSpec(n_keys=64, n_values=64)
+    layout = MQARLayout(n_keys=64, n_values=64)
     # std 0.2 (the zoo's scale): logits far from ties, so comparing argmaxes is meaningful.
     from assay.models.gla import GLA
     from assay.recall.models import model_args
 
     model = GLA.build(model_args("gla", ModelSize()), seed=0, std=0.2).eval()
-    inputs, labels = make_batch(spec, 96, [8, 8], seed=0, index=0)
+    inputs, labels = make_batch(layout, 96, [8, 8], seed=0, index=0)
     split = 40  # prefill the first 40 tokens (pairs and the start of the queries), decode the rest one by one
     with torch.no_grad():
         one_pass = model(inputs)

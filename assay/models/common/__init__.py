@@ -1,7 +1,7 @@
 """What every native model shares, written once, one module per concern (torchtitan's models/common):
 
   args.py                ModelArgs / TransformerArgs: shared fields and checks, config.json both ways, --spec overrides
-  state_dict_adapter.py  KeyMapAdapter: the checkpoint key loops over a declarative map
+  key_map.py             KeyMap: the checkpoint key loops over a declarative map
   tp_plan.py             TP plans as data (applied by assay.models.parallel)
   norm.py, rope.py, attention.py, feed_forward.py, linear_attention.py   the layers and kernel seams
   block.py               TransformerBlock: the residual wiring (optional sandwich norms)

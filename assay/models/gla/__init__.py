@@ -16,7 +16,7 @@ import torch
 from assay.models.gla.args import HF_MODEL_TYPE, GLAArgs
 from assay.models.gla.model import GLA
 from assay.models.gla.parallelize import tp_plan, tp_sizes
-from assay.models.gla.state_dict_adapter import GLAStateDictAdapter
+from assay.models.gla.key_map import GLAKeyMap
 from assay.models.registry import ArchSpec, register
 from assay.models.serving import FIXED_STATE, state_bytes
 
@@ -58,7 +58,7 @@ SPEC = register(ArchSpec(
     model_types=(HF_MODEL_TYPE,),
     args_cls=GLAArgs,
     model_cls=GLA,
-    adapter_cls=GLAStateDictAdapter,
+    key_map_cls=GLAKeyMap,
     tp_plan=tp_plan,
     tp_sizes=tp_sizes,
     cache=FIXED_STATE,

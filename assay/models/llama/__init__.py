@@ -12,7 +12,7 @@ from __future__ import annotations
 from assay.models.llama.args import HF_MODEL_TYPES, LlamaArgs
 from assay.models.llama.model import Llama
 from assay.models.llama.parallelize import tp_plan, tp_sizes
-from assay.models.llama.state_dict_adapter import LlamaStateDictAdapter
+from assay.models.llama.key_map import LlamaKeyMap
 from assay.models.registry import ArchSpec, register
 from assay.models.serving import KV_CACHE
 
@@ -42,7 +42,7 @@ SPEC = register(ArchSpec(
     model_types=HF_MODEL_TYPES,
     args_cls=LlamaArgs,
     model_cls=Llama,
-    adapter_cls=LlamaStateDictAdapter,
+    key_map_cls=LlamaKeyMap,
     tp_plan=tp_plan,
     tp_sizes=tp_sizes,
     cache=KV_CACHE,

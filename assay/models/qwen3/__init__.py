@@ -2,7 +2,7 @@
 
     FLAVOURS["4B"]                                   a size, as data
     replace(FLAVOURS["32B"], dim=2560, n_layers=36, n_heads=32, hidden_dim=9728)   the guide's 4B
-    model, args = SPEC.load("ckpt/", "layers=4,experts=64", slice_experts=True)
+    model, args = SPEC.load("ckpt/", "layers=4,experts=64", allow_sliced_checkpoint=True)
     SPEC.export_hf(model, args, "out/", tokenizer_source_dir="ckpt/")
 """
 
@@ -13,7 +13,7 @@ from dataclasses import replace
 from assay.models.qwen3.args import HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE, Qwen3Args
 from assay.models.qwen3.model import Qwen3
 from assay.models.qwen3.parallelize import tp_plan, tp_sizes
-from assay.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+from assay.models.qwen3.key_map import Qwen3KeyMap
 from assay.models.registry import ArchSpec, register
 from assay.models.serving import KV_CACHE
 
@@ -50,7 +50,7 @@ SPEC = register(ArchSpec(
     model_types=(HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE),
     args_cls=Qwen3Args,
     model_cls=Qwen3,
-    adapter_cls=Qwen3StateDictAdapter,
+    key_map_cls=Qwen3KeyMap,
     tp_plan=tp_plan,
     tp_sizes=tp_sizes,
     cache=KV_CACHE,

@@ -1,14 +1,14 @@
 """The key map between the native Llama and Transformers' LlamaForCausalLM (and MistralForCausalLM)
-checkpoints. Renames only: every tensor keeps its shape. The loops are KeyMapAdapter's.
+checkpoints. Renames only: every tensor keeps its shape. The loops are KeyMap's.
 """
 
 from __future__ import annotations
 
-from assay.models.common.state_dict_adapter import HF_ATTENTION_KEYS, HF_MLP_KEYS, KeyMapAdapter
+from assay.models.common.key_map import HF_ATTENTION_KEYS, HF_MLP_KEYS, KeyMap
 from assay.models.llama.args import LlamaArgs
 
 
-class LlamaStateDictAdapter(KeyMapAdapter):
+class LlamaKeyMap(KeyMap):
     FAMILY = "Llama"
     PER_LAYER = {
         "attention_norm.weight": "input_layernorm.weight",
