@@ -25,10 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from assay.app.catalog import Catalog, CatalogModel  # noqa: E402
-from assay.app.data import (  # noqa: E402
-    ALL_RESULTS, ANY_FAILURE, DOWNLOADS, NOT_TESTED, SELECTED, SKIPPED, TRENDING, Filters, compare_stacks, failure_groups,
-    list_view, load_snapshot, model_page, pass_rates, per_model_costs,
-)
+from assay.app.results.analysis import compare_stacks, failure_groups, pass_rates, per_model_costs  # noqa: E402
+from assay.app.results.listing import ALL_RESULTS, DOWNLOADS, SELECTED, TRENDING, Filters, list_view  # noqa: E402
+from assay.app.results.model_page import model_page  # noqa: E402
+from assay.app.results.snapshot import load_snapshot  # noqa: E402
+from assay.app.results.status import ANY_FAILURE, NOT_TESTED, SKIPPED  # noqa: E402
 from assay.compat.dataset import write_rows  # noqa: E402
 from assay.compat.schema import empty_row  # noqa: E402
 from assay.core.files import atomic_write_json  # noqa: E402

@@ -132,7 +132,7 @@ def block_variants(repeats: int) -> dict:
     import copy
     import types
 
-    from assay.models.layers import rotary_cos_sin
+    from assay.models.common.rope import rotary_cos_sin
     from assay.models.qwen3.args import Qwen3Args
     from assay.models.qwen3.model import Block
 

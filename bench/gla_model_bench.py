@@ -28,7 +28,7 @@ import assay.models.common.linear_attention as layers  # GLAOperator reads gla_c
 from assay.core.files import atomic_write_json
 from assay.core.output import print_table
 from assay.kernels.gla import gla_chunk
-from assay.models.gla import FLAVOURS, build_gla
+from assay.models.gla import FLAVOURS, GLA
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gla_bench import load_before  # noqa: E402  (the kernel bench's git loader, one copy)
@@ -57,7 +57,7 @@ def run(seq: int, rounds: int, before_rev: str, wide: bool) -> dict:
         models["wide (H=4, K=V=64)"] = replace(FLAVOURS["tiny"], dim=256, n_heads=4, expand_k=1.0)
     rows, loads = [], []
     for model_name, args in models.items():
-        model = build_gla(args)
+        model = GLA.build(args)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         tokens = torch.randint(0, args.vocab_size, (1, seq), generator=torch.Generator().manual_seed(0))
         for job in ("train", "prefill"):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from assay.core.files import atomic_write_json
 from assay.core.output import print_table
-from assay.recall.mqar import layout_for
+from assay.recall.shapes import layout_for
 from assay.recall.needle import NeedleRequest, run_needle
 from assay.recall.report import SWEEP_COLUMNS, TABLE_HEADERS, plot_needle, table_rows
 from assay.recall.sweep import RecallSweepRequest, plot_sweep, run_sweep, sweep_points

@@ -98,7 +98,7 @@ def run_size(size: str, checkpoint: Path, paths, steps: int, warmup: int, peak: 
 def grouped_experts_vs_loop(repeats: int) -> dict:
     from assay.kernels.grouped_experts import KERNEL, KernelGroupedExperts
     from assay.kernels.registry import Case
-    from assay.models.layers import GroupedExperts
+    from assay.models.common.feed_forward import GroupedExperts
 
     sizes = dict(tokens=BATCH * SEQ_LEN, dim=64, hidden=32, experts=8, top_k=2)  # the zoo MoE's experts at this batch
     inputs = KERNEL.make_inputs(Case("zoo", sizes), torch.float32, torch.Generator().manual_seed(0))

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from assay.core.tokens import TOKEN_IDS
 from assay.train import OptimConfig, TrainRequest
 from assay.train.trainer import Trainer
-from assay.zoo.tokenizer import TOKEN_IDS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH, SEQ_LEN = 4, 512

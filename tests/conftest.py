@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.cli import REPO, run_assay  # noqa: F401  (re-exported: tests import them from here or from helpers.cli)
+from helpers.cli import run_assay
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -27,7 +27,7 @@ def _empty(title: str, message: str) -> Figure:
 
 
 def pass_rate_figure(rates: pd.DataFrame) -> Figure:
-    """rates: assay.app.data.pass_rates (skipped rows are neither passed nor tested)."""
+    """rates: assay.app.results.analysis.pass_rates (skipped rows are neither passed nor tested)."""
     title = "pass rate per stack (skipped not counted)"
     rated = rates[rates["tested"] > 0]
     if rated.empty:
@@ -68,7 +68,7 @@ def peak_memory_figure(costs: pd.DataFrame, stack: str | None) -> Figure:
 
 
 def drift_per_model_figure(drift: pd.DataFrame, stack: str | None) -> Figure:
-    """drift: assay.app.data.per_model_drift. Log scale: a healthy compiler sits at float32 round-off
+    """drift: assay.app.results.analysis.per_model_drift. Log scale: a healthy compiler sits at float32 round-off
     (~1e-7 of the logits' scale), a broken one at 1e-1; both must be readable on one axis."""
     title = "logit drift per model (worst step, relative to the largest reference logit)\n" + _plain([stack or ""])[0]
     shown = drift[drift["max_rel"] > 0]
@@ -87,7 +87,7 @@ def drift_per_model_figure(drift: pd.DataFrame, stack: str | None) -> Figure:
 
 
 def model_drift_figure(drift: dict[str, list[float]], model: str) -> Figure:
-    """drift: assay.app.data.model_drift, one line per stack: how the error grows over the generated steps."""
+    """drift: assay.app.results.analysis.model_drift, one line per stack: how the error grows over the generated steps."""
     title = f"logit drift per step: {_plain([model])[0]}"
     series = {label: values for label, values in drift.items() if any(v > 0 for v in values)}
     if not series:

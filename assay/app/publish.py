@@ -20,7 +20,7 @@ from pathlib import Path
 
 import assay
 from assay.app.catalog import resolve_catalog, save_catalog
-from assay.app.data import compiler_version, transformers_version
+from assay.app.results.status import compiler_version, transformers_version
 from assay.compat.dataset import CARD, card_front_matter, check_results, stack_files
 from assay.compat.schema import SCHEMA, SCHEMA_VERSION, STATUSES
 from assay.core.errors import AssayError

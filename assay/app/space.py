@@ -25,7 +25,7 @@ from assay.core.files import atomic_folder, atomic_path, atomic_write_text
 VENDORED_MODULES = (
     "core/errors.py", "core/files.py", "core/dtypes.py",
     "compat/request.py", "compat/schema.py", "compat/dataset.py", "compat/diff.py", "compat/signature.py",
-    "app/catalog.py", "app/charts.py", "app/data.py", "app/ui.py",
+    "app/catalog.py", "app/charts.py", "app/ui.py",
     *(f"app/results/{name}.py" for name in ("status", "cells", "accuracy", "snapshot", "listing", "query", "model_page", "analysis")),
 )
 REQUIREMENTS = ("gradio", "duckdb", "pyarrow", "pandas", "matplotlib")

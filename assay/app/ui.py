@@ -1,6 +1,6 @@
 """The Gradio app over a results folder: views, search and filters, a model's page, compare, failures, charts.
 
-Every callback is a thin adapter over assay.app.data. Safety: every text that comes from a result or
+Every callback is a thin adapter over assay.app.results. Safety: every text that comes from a result or
 the Hub (model names, errors, run.py, versions) reaches the page through a component that shows text
 (Textbox, Code, Dropdown, Dataframe with datatype "str"), never through HTML or Markdown; the one
 Markdown line per view is built from our own words and escaped anyway; the two links ("link to this
@@ -29,13 +29,17 @@ import gradio as gr  # noqa: E402
 
 from assay.app import charts  # noqa: E402
 from assay.app.catalog import Catalog  # noqa: E402
-from assay.app.data import (  # noqa: E402
-    ANY, DIFF_COLUMNS, GROUP_COLUMNS, LIST_COLUMNS, MODEL_COLUMNS, SELECTED, STATUS_COLOURS, VIEWS, Filters, ResultsSource,
-    compare_stacks, failure_groups, filter_choices, list_view, model_drift, model_names, model_page, per_model_costs,
-    per_model_drift, pass_rates, repro_py_filename, result_detail, run_py_filename, status_style, status_summary, view_from_query,
-    view_query,
-)
 from assay.app.results.accuracy import DRIFT_COLUMNS, EVAL_COLUMNS  # noqa: E402
+from assay.app.results.analysis import (  # noqa: E402
+    DIFF_COLUMNS, GROUP_COLUMNS, compare_stacks, failure_groups, model_drift, pass_rates, per_model_costs, per_model_drift,
+)
+from assay.app.results.listing import LIST_COLUMNS, SELECTED, VIEWS, Filters, filter_choices, list_view  # noqa: E402
+from assay.app.results.model_page import (  # noqa: E402
+    MODEL_COLUMNS, model_names, model_page, repro_py_filename, result_detail, run_py_filename,
+)
+from assay.app.results.query import view_from_query, view_query  # noqa: E402
+from assay.app.results.snapshot import ResultsSource  # noqa: E402
+from assay.app.results.status import ANY, STATUS_COLOURS, status_style, status_summary  # noqa: E402
 from assay.core.errors import AssayError  # noqa: E402
 from assay.core.files import atomic_write_text  # noqa: E402
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from assay.kernels.registry import Case, Kernel, ShapeConstraint, check_constraints, select_impl
-from assay.models.layers import CausalAttention
+from assay.models.common.attention import CausalAttention
 
 CONSTRAINTS = (
     ShapeConstraint(

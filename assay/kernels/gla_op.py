@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from assay.kernels.gla import gla_chunk, gla_recurrent
 from assay.kernels.registry import Case, Kernel, select_impl
-from assay.models.layers import GLAOperator
+from assay.models.common.linear_attention import GLAOperator
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from assay.kernels.registry import Case, Kernel, ShapeConstraint, select_impl
-from assay.models.layers import GroupedExperts, grouped_mm_runs
+from assay.models.common.feed_forward import GroupedExperts, grouped_mm_runs
 
 _ALIGN = "torch._grouped_mm reads rows of a multiple of 16 bytes"
 CONSTRAINTS = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from assay.kernels.registry import Case, Kernel, ShapeConstraint, check_constraints, select_impl
-from assay.models.layers import RotaryEmbedding, rotary_cos_sin, rotate_half
+from assay.models.common.rope import RotaryEmbedding, rotary_cos_sin, rotate_half
 
 CONSTRAINTS = (
     ShapeConstraint("q", -1, "rotate-half pairs channel i with channel i + head_dim/2", multiple_of=2),

@@ -2,7 +2,7 @@
 model.safetensors.index.json) into a state dict, and write one back with config.json and the
 tokenizer files of a source checkpoint. Every file is written atomically (assay.core.files).
 
-Key names are the caller's business: a model's state_dict_adapter maps them (assay.models.registry's
+Key names are the caller's business: a model's key_map maps them (assay.models.registry's
 ArchSpec.load and export_hf put the two together).
 """
 

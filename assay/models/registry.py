@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from assay.core.errors import AssayError
-from assay.models import ARCH_PACKAGES  # noqa: F401  (public here too)
-from assay.models.slots import CacheSpec, SlotModel
+from assay.models import ARCH_PACKAGES
+from assay.models.slots import DecodeMemory, SlotModel
 
 # Where the built-in entries live: ARCH_PACKAGES (assay/models/__init__.py, torch-free there so that --help
 # texts can name them). Adding an architecture: a folder, its register(...) call, one line there.
@@ -68,14 +68,14 @@ class ArchSpec:
     args_cls: type
     # the root module (assay.models.common.decoder.NativeDecoder): model_cls(args); build; from_state_dict
     model_cls: type[nn.Module]
-    # the key map (assay.models.common.state_dict_adapter.KeyMapAdapter): adapter_cls(args).to_hf / from_hf
-    adapter_cls: type
+    # the key map (assay.models.common.key_map.KeyMap): key_map_cls(args).to_hf / from_hf
+    key_map_cls: type
     # (block, args) -> {module name in the block: TP} (assay.models.common.tp_plan), and args -> the sizes
     # tensor parallelism must divide (AssayError for what cannot be split at all)
     tp_plan: Callable[[nn.Module, Any], Mapping[str, Any]]
     tp_sizes: Callable[[Any], Mapping[str, int]]
-    # serving: the cache kind, its slot adapter and its bytes per sequence
-    cache: CacheSpec
+    # decoding: how a sequence's history is kept (a growing KV cache or a fixed state), its slot adapter, its bytes
+    cache: DecodeMemory
     # kernel name -> module-name pattern of the modules it replaces in this architecture
     kernel_targets: Mapping[str, str]
     # named sizes, {"tiny": args, ...}
@@ -89,7 +89,7 @@ class ArchSpec:
         """config.json dict -> args (refuses, with the reason, what the model cannot run)."""
         return self.args_cls.from_hf_config(config)
 
-    def apply_spec(self, args: Any, overrides: str | Mapping[str, Any] | None) -> Any:
+    def apply_overrides(self, args: Any, overrides: str | Mapping[str, Any] | None) -> Any:
         """args with overrides ("layers=4,..." or a mapping, aliases allowed); None: args."""
         return args.with_overrides(overrides)
 
@@ -103,28 +103,25 @@ class ArchSpec:
         """The model for args: shapes only on "meta", randomly initialised elsewhere."""
         return self.model_cls.build(args, device, dtype, seed)
 
-    def init(self, args: Any, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> nn.Module:
-        return self.build(args, device, dtype, seed)
-
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
-        return self.adapter_cls(args).to_hf(state_dict)
+        return self.key_map_cls(args).to_hf(state_dict)
 
-    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any, slice_experts: bool = False) -> dict[str, torch.Tensor]:
-        return self.adapter_cls(args).from_hf(hf_state_dict, slice_layers=slice_experts)
+    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any, allow_sliced_checkpoint: bool = False) -> dict[str, torch.Tensor]:
+        return self.key_map_cls(args).from_hf(hf_state_dict, allow_sliced_checkpoint=allow_sliced_checkpoint)
 
-    def load(self, folder: str | os.PathLike, spec_overrides: str | Mapping[str, Any] | None = None, slice_experts: bool = False,
+    def load(self, folder: str | os.PathLike, overrides: str | Mapping[str, Any] | None = None, allow_sliced_checkpoint: bool = False,
              device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
         """The native model the checkpoint's config.json describes (after overrides), with its weights:
         safetensors read lazily (one file or sharded), renamed by the key map, placed on device in dtype.
 
-        slice_experts (the trainer's --slice-experts): allow a spec smaller than the checkpoint (its first
+        allow_sliced_checkpoint (the trainer's --allow-sliced-checkpoint): allow args smaller than the checkpoint (its first
         layers; for a mixture of experts also its first experts and router rows).
         """
         from assay.models.hf_checkpoint import SafetensorsStateDict, checkpoint_dir, read_hf_config
 
         path = checkpoint_dir(folder)
-        args = self.apply_spec(self.args_from_hf(read_hf_config(path)), spec_overrides)
-        native = self.from_hf(SafetensorsStateDict(path), args, slice_experts)
+        args = self.apply_overrides(self.args_from_hf(read_hf_config(path)), overrides)
+        native = self.from_hf(SafetensorsStateDict(path), args, allow_sliced_checkpoint)
         return self.model_cls.from_state_dict(args, native, device, dtype, self.args_cls.FAMILY), args
 
     def export_hf(self, model: nn.Module | Mapping[str, torch.Tensor], args: Any, out_dir: str | os.PathLike,
@@ -179,14 +176,14 @@ class ArchSpec:
         window), a fixed state does not."""
         return self.cache.bytes_per_sequence(args, seq_len, dtype)
 
-    def serving_adapter(self, folder: str | os.PathLike, device: torch.device, max_len: int) -> SlotModel:
-        """The slot adapter (prefill into slots, decode a batch of slots) over the checkpoint's model."""
+    def load_slot_model(self, folder: str | os.PathLike, device: torch.device, max_len: int) -> SlotModel:
+        """The slot model (prefill into slots, decode a batch of slots) over the checkpoint's model."""
         from pathlib import Path
 
         return self.cache.slot_model.load(self, Path(folder), device, max_len)
 
-    def adapter_for(self, model: nn.Module, args: Any) -> SlotModel:
-        """The slot adapter over an already loaded model."""
+    def wrap_slot_model(self, model: nn.Module, args: Any) -> SlotModel:
+        """The slot model over an already loaded model."""
         return self.cache.slot_model(model, args, self.name)
 
 

@@ -277,8 +277,9 @@ def state_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:
 
 
 @dataclass(frozen=True)
-class CacheSpec:
-    """How an architecture keeps a sequence's history while decoding."""
+class DecodeMemory:
+    """How an architecture keeps a sequence's history while decoding: its kind, the slot adapter that holds it,
+    and its bytes per sequence."""
 
     kind: str  # "kv_cache" (grows with the sequence) or "state" (fixed size)
     slot_model: type[SlotModel]
@@ -289,5 +290,5 @@ class CacheSpec:
         return self.kind == "kv_cache"
 
 
-KV_CACHE = CacheSpec("kv_cache", KVCacheSlotModel, kv_bytes)
-FIXED_STATE = CacheSpec("state", StateSlotModel, state_bytes)
+KV_CACHE = DecodeMemory("kv_cache", KVCacheSlotModel, kv_bytes)
+FIXED_STATE = DecodeMemory("state", StateSlotModel, state_bytes)

@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
 
         from assay.recall import recipe
         from assay.recall.request import RecallTrainRequest, validate_train_request
-        from assay.recall.spec import layout_for
+        from assay.recall.shapes import layout_for
 
         check_output_folder("--out", out)
         check_output_file("--plot", plot)
@@ -137,7 +137,7 @@ def register(app: typer.Typer) -> None:
     ):
         """GLA at several state sizes and attention at the same widths on MQAR: accuracy vs state / KV-cache bytes."""
         from assay.core.output import print_json, print_table
-        from assay.recall.mqar import layout_for
+        from assay.recall.shapes import layout_for
         from assay.recall.report import SWEEP_COLUMNS, TABLE_HEADERS, table_rows
         from assay.recall.sweep import RecallSweepRequest, plot_sweep, run_sweep
 
@@ -207,12 +207,12 @@ def register(app: typer.Typer) -> None:
     ):
         """The saved table of a `recall train` run, and its plot."""
         from assay.core.output import print_json, print_table
-        from assay.recall.mqar import MQARSpec
+        from assay.recall.shapes import MQARLayout
         from assay.recall.report import TABLE_COLUMNS, TABLE_HEADERS, load_results, plot_accuracy, table_rows
 
         check_output_file("--plot", plot)
         data = load_results(folder)
-        chance = MQARSpec(**data["request"]["layout"]).chance if "request" in data else None
+        chance = MQARLayout(**data["request"]["layout"]).chance if "request" in data else None
         png = plot_accuracy(data["rows"], plot, chance=chance) if plot else None
         if json_out:
             print_json(data | {"plot": str(png) if png else None})

@@ -26,8 +26,7 @@ import torch
 
 from assay.core.errors import AssayError
 from assay.core.files import atomic_folder, atomic_write_json, atomic_write_text
-from assay.recall.mqar import MQARSpec
-from assay.recall.spec import ARCHS, ModelSize  # noqa: F401 (their home is spec.py; imported from here too)
+from assay.recall.shapes import ARCHS, MQARLayout, ModelSize
 from assay.core.tokens import TOKEN_IDS
 
 LAYOUT_FILE = "recall.json"
@@ -95,7 +94,7 @@ def matched_params(size: ModelSize, archs: tuple[str, ...] = ARCHS) -> dict[str,
     return counts
 
 
-def write_checkpoint(model: torch.nn.Module | dict, arch: str, args, out_dir: Path, layout: MQARSpec | None) -> Path:
+def write_checkpoint(model: torch.nn.Module | dict, arch: str, args, out_dir: Path, layout: MQARLayout | None) -> Path:
     """Export a native model (or its state dict) as a checkpoint folder with the zoo tokenizer and recall.json."""
     from assay.zoo.tokenizer import write_tokenizer
 
@@ -112,12 +111,12 @@ def write_checkpoint(model: torch.nn.Module | dict, arch: str, args, out_dir: Pa
     return out_dir
 
 
-def read_layout(checkpoint: Path) -> MQARSpec | None:
+def read_layout(checkpoint: Path) -> MQARLayout | None:
     """The MQAR token layout a `recall train` checkpoint was trained on, or None for any other model."""
     path = Path(checkpoint) / LAYOUT_FILE
     if not path.is_file():
         return None
     try:
-        return MQARSpec(**json.loads(path.read_text())["mqar"])
+        return MQARLayout(**json.loads(path.read_text())["mqar"])
     except (ValueError, KeyError, TypeError) as error:
         raise AssayError(f"{path} is not a recall layout file: {error}") from None

@@ -16,7 +16,7 @@ keys, values, filler. Keys are drawn without replacement per sequence (each key 
 values with replacement (as in Zoology). Chance for a predictor that knows only "some value comes
 next" is 1 / n_values.
 
-Everything is a pure function of (spec, seq_len, pairs, seed, index): a batch is reproducible from
+Everything is a pure function of (layout, seq_len, pairs, seed, index): a batch is reproducible from
 its step number, which the trainer's resume contract needs.
 """
 
@@ -28,31 +28,31 @@ from typing import Callable
 import torch
 
 from assay.core.errors import AssayError
-from assay.recall.spec import ZOO_VOCAB, MQARSpec, layout_for  # noqa: F401 (their home is spec.py; imported from here too)
+from assay.recall.shapes import MQARLayout
 
 IGNORE_INDEX = -100  # the trainer's (assay.train.data.IGNORE_INDEX); repeated so this module imports no trainer
 
 
-def check_fits(spec: MQARSpec, seq_len: int, pairs: int) -> str | None:
+def check_fits(layout: MQARLayout, seq_len: int, pairs: int) -> str | None:
     """Why (seq_len, pairs) is not a valid MQAR setting, or None. Zoology's rule: the pairs and the
     query region each take 2 x pairs tokens, so seq_len >= 4 x pairs."""
     if pairs < 1:
         return f"pairs must be >= 1 (got {pairs})"
-    if pairs > spec.n_keys:
-        return f"{pairs} pairs need {pairs} distinct keys; the layout has {spec.n_keys}"
+    if pairs > layout.n_keys:
+        return f"{pairs} pairs need {pairs} distinct keys; the layout has {layout.n_keys}"
     if seq_len < 4 * pairs:
         return f"{pairs} pairs need seq_len >= {4 * pairs} (pairs and queries take 2 x pairs tokens each)"
     return None
 
 
-def make_sequence(spec: MQARSpec, seq_len: int, pairs: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def make_sequence(layout: MQARLayout, seq_len: int, pairs: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """One example: (inputs [seq_len], labels [seq_len]); labels[i] is the value to predict at a query key."""
-    problem = check_fits(spec, seq_len, pairs)
+    problem = check_fits(layout, seq_len, pairs)
     if problem:
         raise AssayError(problem)
-    keys = spec.first_key + torch.randperm(spec.n_keys, generator=generator)[:pairs]
-    values = spec.first_value + torch.randint(0, spec.n_values, (pairs,), generator=generator)
-    inputs = spec.first_filler + torch.randint(0, spec.n_filler, (seq_len,), generator=generator)
+    keys = layout.first_key + torch.randperm(layout.n_keys, generator=generator)[:pairs]
+    values = layout.first_value + torch.randint(0, layout.n_values, (pairs,), generator=generator)
+    inputs = layout.first_filler + torch.randint(0, layout.n_filler, (seq_len,), generator=generator)
     labels = torch.full((seq_len,), IGNORE_INDEX, dtype=torch.long)
     inputs[0 : 2 * pairs : 2] = keys
     inputs[1 : 2 * pairs : 2] = values
@@ -69,10 +69,10 @@ def make_sequence(spec: MQARSpec, seq_len: int, pairs: int, generator: torch.Gen
     return inputs, labels
 
 
-def make_batch(spec: MQARSpec, seq_len: int, pair_counts: list[int], seed: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(layout: MQARLayout, seq_len: int, pair_counts: list[int], seed: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """len(pair_counts) examples, row r with pair_counts[r] pairs; (inputs, labels), each [rows, seq_len]."""
     generator = torch.Generator().manual_seed(_mix(seed, index))
-    rows = [make_sequence(spec, seq_len, pairs, generator) for pairs in pair_counts]
+    rows = [make_sequence(layout, seq_len, pairs, generator) for pairs in pair_counts]
     return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
 
 
@@ -88,19 +88,19 @@ class MQARBatches:
     then scored per count), so a model is trained once per (architecture, seq_len), not once per cell.
     """
 
-    def __init__(self, spec: MQARSpec, seq_len: int, batch: int, pair_counts: list[int], seed: int = 0):
+    def __init__(self, layout: MQARLayout, seq_len: int, batch: int, pair_counts: list[int], seed: int = 0):
         if not pair_counts:
             raise AssayError("MQAR training needs at least one pair count")
         for pairs in pair_counts:
-            problem = check_fits(spec, seq_len, pairs)
+            problem = check_fits(layout, seq_len, pairs)
             if problem:
                 raise AssayError(problem)
-        self.spec, self.seq_len, self.batch, self.pair_counts, self.seed = spec, seq_len, batch, list(pair_counts), seed
+        self.layout, self.seq_len, self.batch, self.pair_counts, self.seed = layout, seq_len, batch, list(pair_counts), seed
 
     def batch_for(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         chooser = torch.Generator().manual_seed(_mix(self.seed, -1 - step))
         picks = torch.randint(0, len(self.pair_counts), (self.batch,), generator=chooser).tolist()
-        return make_batch(self.spec, self.seq_len, [self.pair_counts[i] for i in picks], self.seed, step)
+        return make_batch(self.layout, self.seq_len, [self.pair_counts[i] for i in picks], self.seed, step)
 
     def tokens_consumed(self, step: int) -> int:
         return step * self.batch * self.seq_len
@@ -141,13 +141,13 @@ class ShortFirst:
         return step * self.main.batch * self.main.seq_len  # both stages take the same tokens per step
 
 
-def short_pair_counts(spec: MQARSpec, short_len: int, pair_counts: list[int]) -> list[int]:
+def short_pair_counts(layout: MQARLayout, short_len: int, pair_counts: list[int]) -> list[int]:
     """The pair counts a `short_len`-token stage trains: those of `pair_counts` that fit, else the most
     that fit (short_len // 4). AssayError if not even one pair fits."""
-    fitting = [p for p in pair_counts if check_fits(spec, short_len, p) is None]
+    fitting = [p for p in pair_counts if check_fits(layout, short_len, p) is None]
     if fitting:
         return fitting
-    most = min(short_len // 4, spec.n_keys)
+    most = min(short_len // 4, layout.n_keys)
     if most < 1:
         raise AssayError(f"--short-first {short_len}: too short for one key-value pair (needs >= 4 tokens)")
     return [most]
@@ -175,12 +175,12 @@ def score_predictions(predicted: torch.Tensor, labels: torch.Tensor) -> Score:
     return Score(int((predicted[answered] == labels[answered]).sum()), int(answered.sum()))
 
 
-def evaluate(predict: Predictor, spec: MQARSpec, seq_len: int, pairs: int, examples: int, seed: int, batch: int = 16) -> Score:
+def evaluate(predict: Predictor, layout: MQARLayout, seq_len: int, pairs: int, examples: int, seed: int, batch: int = 16) -> Score:
     """Accuracy of `predict` on `examples` fresh sequences with `pairs` pairs (seeded; the same set every call)."""
     correct = total = 0
     for start in range(0, examples, batch):
         rows = min(batch, examples - start)
-        inputs, labels = make_batch(spec, seq_len, [pairs] * rows, seed, 1_000_000 + start)
+        inputs, labels = make_batch(layout, seq_len, [pairs] * rows, seed, 1_000_000 + start)
         with torch.no_grad():
             predicted = predict(inputs)
         score = score_predictions(predicted, labels)

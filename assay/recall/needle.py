@@ -82,14 +82,14 @@ class NeedleModel:
                 spec.args_from_hf(config)
             except AssayError:  # a variant the native model does not run (a binding sliding window): Transformers does
                 spec = None
-        self.adapter = None
+        self.slot_model = None
         if spec is not None:  # a registered architecture: assay's own model, answered through its slot adapter
             model, args = spec.load(self.folder, None, False, device, torch.float32)
             self.model = model.eval()
-            self.adapter = spec.adapter_for(self.model, args)
+            self.slot_model = spec.wrap_slot_model(self.model, args)
             self.kind = spec.name
             # A fixed state has no positional table: any length runs (max_seq_len is recorded only).
-            self.max_positions = self.adapter.max_positions()
+            self.max_positions = self.slot_model.max_positions()
             self.vocab_size = int(args.vocab_size)
         else:
             from transformers import AutoModelForCausalLM
@@ -111,7 +111,7 @@ class NeedleModel:
     def answer(self, prompt: torch.Tensor, n_new: int) -> list[int]:
         """prompt: [T] token ids -> n_new greedily generated ids."""
         tokens = prompt.to(self.device).unsqueeze(0)  # [1, T]
-        if self.adapter is not None:
+        if self.slot_model is not None:
             return self._answer_native(tokens, n_new)
         attention_mask = torch.ones_like(tokens)
         output = self.model.generate(input_ids=tokens, attention_mask=attention_mask, max_new_tokens=n_new, min_new_tokens=n_new,
@@ -122,14 +122,14 @@ class NeedleModel:
         # The serving path, one slot: prefill all but the last prompt token, then decode it and each new
         # token at its position, so the answer comes out of the cache (KV or fixed state) a server keeps.
         length = tokens.shape[1]
-        buffers = self.adapter.pool_buffers(1, torch.float32, length + n_new)
+        buffers = self.slot_model.pool_buffers(1, torch.float32, length + n_new)
         slot_ids = torch.zeros(1, dtype=torch.int64, device=tokens.device)
-        self.adapter.prefill(tokens[:, :-1], 0, buffers)
+        self.slot_model.prefill(tokens[:, :-1], 0, buffers)
         next_token, position = tokens[:, -1:], length - 1
         generated = []
         for _ in range(n_new):
             positions = torch.tensor([position], dtype=torch.int64, device=tokens.device)
-            logits = self.adapter.decode(next_token, slot_ids, positions, buffers)  # [1, vocab]
+            logits = self.slot_model.decode(next_token, slot_ids, positions, buffers)  # [1, vocab]
             next_token = logits.argmax(-1, keepdim=True)  # [1, 1]
             generated.append(int(next_token))
             position += 1

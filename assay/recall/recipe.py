@@ -15,7 +15,7 @@ measurement behind each).
 
 from __future__ import annotations
 
-from assay.recall.spec import ModelSize, MQARSpec, layout_for
+from assay.recall.shapes import ModelSize, MQARLayout, layout_for
 
 PAIRS = (4, 16)
 SEQ_LEN = 64
@@ -28,5 +28,5 @@ UNTIL_ACCURACY = 0.95
 SIZE = ModelSize(n_heads=1, init_std=0.05, gla_short_conv=True)
 
 
-def layout() -> MQARSpec:
+def layout() -> MQARLayout:
     return layout_for(KEYS, FILLER)

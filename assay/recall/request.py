@@ -9,7 +9,7 @@ from pathlib import Path
 
 from assay.core.errors import AssayError
 from assay.recall import recipe
-from assay.recall.spec import ARCHS, ModelSize, MQARSpec
+from assay.recall.shapes import ARCHS, ModelSize, MQARLayout
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class RecallTrainRequest:
     lr: float = 3e-3
     warmup_steps: int = 20
     size: ModelSize = recipe.SIZE
-    layout: MQARSpec = field(default_factory=recipe.layout)
+    layout: MQARLayout = field(default_factory=recipe.layout)
     eval_examples: int = 64
     seed: int = 0
     device: str = "cpu"

@@ -20,8 +20,9 @@ from pathlib import Path
 from assay.core.errors import AssayError
 from assay.core.files import atomic_write_json
 from assay.recall import recipe
-from assay.recall.models import ModelSize, has_short_conv, key_width, matched_params
-from assay.recall.mqar import MQARSpec, check_fits
+from assay.recall.models import has_short_conv, key_width, matched_params
+from assay.recall.mqar import check_fits
+from assay.recall.shapes import ModelSize, MQARLayout
 
 SWEEP_FILE = "sweep.json"
 SWEEP_SCHEMA = "assay.recall.sweep/1"
@@ -53,7 +54,7 @@ class RecallSweepRequest:
     batch: int = recipe.BATCH
     lr: float = 3e-3
     warmup_steps: int = 50
-    layout: MQARSpec = field(default_factory=recipe.layout)
+    layout: MQARLayout = field(default_factory=recipe.layout)
     eval_examples: int = 64
     seed: int = 0
     threads: int | None = 1

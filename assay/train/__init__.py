@@ -12,13 +12,8 @@ from __future__ import annotations
 from assay.core.lazy import lazy_exports
 
 _EXPORTS = {
-    "DataSpec": "assay.train.data",
+    "DataSource": "assay.train.data",
     "PackedBatches": "assay.train.data",
-    "FAMILIES": "assay.train.families",
-    "FlopShape": "assay.train.families",
-    "ModelFamily": "assay.train.families",
-    "family_for": "assay.train.families",
-    "register_family": "assay.train.families",
     "OptimConfig": "assay.train.optimization",
     "plot_metrics": "assay.train.plot",
     "CheckInit": "assay.train.init_check",

@@ -23,8 +23,10 @@ def train_command(
     model: str = typer.Option(..., "--model", help="checkpoint folder (config.json, weights, tokenizer)"),
     path: str = typer.Option("native", "--path", help="model path: native (assay.models) or hf (AutoModelForCausalLM)"),
     flavour: Optional[str] = typer.Option(None, "--flavour", help="native only: a named size of the family, randomly initialised"),
-    spec: Optional[str] = typer.Option(None, "--spec", help="native only: field overrides, e.g. layers=4,experts=8,top_k=2"),
-    slice_experts: bool = typer.Option(False, "--slice-experts", help="load the first layers/experts of a larger checkpoint"),
+    overrides: Optional[str] = typer.Option(None, "--spec", help="native only: field overrides, e.g. layers=4,experts=8,top_k=2"),
+    allow_sliced_checkpoint: bool = typer.Option(
+        False, "--allow-sliced-checkpoint", "--slice-experts",
+        help="native only: load the first layers (and experts) of a larger checkpoint when --spec asks for fewer"),
     kernels: Optional[str] = typer.Option(None, "--kernels", help="comma-separated kernel replacements (assay.kernels.registry)"),
     kernels_filter: Optional[str] = typer.Option(None, "--kernels-filter", help="module-name pattern the replacements apply to"),
     kernels_dry_run: bool = typer.Option(False, "--kernels-dry-run", help="show the replacements, do not train"),
@@ -69,7 +71,7 @@ def train_command(
     """Train a checkpoint through one of the model paths (hf, native, native with kernels)."""
     _check_flags(model, flavour, steps, batch, seq_len, lr, warmup_steps, min_lr_ratio, weight_decay, grad_clip, tp, dp_shard,
                  checkpoint_every, keep_checkpoints, timing_warmup, check_init or kernels_dry_run, metrics, export_hf, checkpoint_dir)
-    from assay.train.data import DataSpec
+    from assay.train.data import DataSource
     from assay.train.optimization import OptimConfig
     from assay.train.trainer import TrainingDiverged, TrainRequest, train
 
@@ -77,11 +79,11 @@ def train_command(
     if warmup_steps is None:
         warmup_steps = max(1, steps // 10)
     request = TrainRequest(
-        model=model, path=path, flavour=flavour, spec=spec, slice_experts=slice_experts,
+        model=model, path=path, flavour=flavour, overrides=overrides, allow_sliced_checkpoint=allow_sliced_checkpoint,
         kernels=_split_list(kernels), kernels_filter=kernels_filter, kernels_dry_run=kernels_dry_run,
         steps=steps, batch=batch, seq_len=seq_len,
         optim=OptimConfig(lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, grad_clip=grad_clip),
-        seed=seed, data=DataSpec(data, text_field, data_split), device=device, dtype=dtype, compile=compile_blocks,
+        seed=seed, data=DataSource(data, text_field, data_split), device=device, dtype=dtype, compile=compile_blocks,
         backend=backend, compile_mode=compile_mode, activation_checkpointing=activation_checkpointing, loss_chunk_tokens=loss_chunk_tokens,
         dp_shard=dp_shard, tp=tp, metrics=metrics, export_hf=export_hf, check_init=check_init,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, resume=resume,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from assay.core.errors import AssayError
-from assay.train.data import BatchSource, DataSpec
+from assay.train.data import BatchSource, DataSource
 from assay.train.optimization import OptimConfig
 
 ModelPath = Literal["native", "hf"]
@@ -34,10 +34,10 @@ class ModelConfig:
     """`native`: assay's own model for the config's model_type (the architecture registry); `hf`: AutoModelForCausalLM."""
     flavour: str | None = None
     """Native only: a named size of the architecture (`tiny`, `0.6B`, ...), randomly initialised."""
-    spec: str | None = None
-    """Native only: field overrides of the architecture's args, `layers=4,experts=8,top_k=2`."""
-    slice_experts: bool = False
-    """Native only: load the first layers / experts of a larger checkpoint (with `spec`)."""
+    overrides: str | None = None
+    """Native only: field overrides of the architecture's args, `layers=4,experts=8,top_k=2` (the --spec flag)."""
+    allow_sliced_checkpoint: bool = False
+    """Native only: load the first layers / experts of a larger checkpoint (with `overrides` asking for fewer)."""
     check_init: bool = False
     """Before training, compare the first batch's loss of the loaded weights with a random init and ln(vocab)."""
 
@@ -121,10 +121,10 @@ class MetricsConfig:
     """A progress bar on stderr (rank 0)."""
 
 
-# Flat keyword (the `assay train` flag's name) -> (section, field). A section passed whole keeps its own name.
+# Flat keyword (the `assay train` flag's name; `overrides` is the --spec flag's) -> (section, field). A section passed whole keeps its own name.
 FLAT_FIELDS: dict[str, tuple[str, str]] = {
-    "path": ("model", "path"), "flavour": ("model", "flavour"), "spec": ("model", "spec"),
-    "slice_experts": ("model", "slice_experts"), "check_init": ("model", "check_init"),
+    "path": ("model", "path"), "flavour": ("model", "flavour"), "overrides": ("model", "overrides"),
+    "allow_sliced_checkpoint": ("model", "allow_sliced_checkpoint"), "check_init": ("model", "check_init"),
     "kernels_filter": ("kernels", "filter"), "kernels_dry_run": ("kernels", "dry_run"),
     **{name: ("training", name) for name in ("steps", "batch", "seq_len", "seed", "device", "dtype", "activation_checkpointing", "loss_chunk_tokens")},
     "dp_shard": ("parallelism", "dp_shard"), "tp": ("parallelism", "tp"),
@@ -146,7 +146,7 @@ class TrainRequest:
     model: ModelConfig
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
-    data: DataSpec = field(default_factory=DataSpec)
+    data: DataSource = field(default_factory=DataSource)
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
@@ -220,9 +220,10 @@ class TrainRequest:
     def run_fingerprint(self) -> dict:
         """What must match for --resume to continue this run exactly (--steps may change: a longer run)."""
         model, training = self.model, self.training
+        # "spec" and "slice_experts": the keys checkpoints written before the rename hold, so they still resume.
         return {
-            "model": str(Path(model.checkpoint).resolve()), "path": model.path, "flavour": model.flavour, "spec": model.spec,
-            "slice_experts": model.slice_experts, "batch": training.batch, "seq_len": training.seq_len, "optim": asdict(self.optim),
+            "model": str(Path(model.checkpoint).resolve()), "path": model.path, "flavour": model.flavour, "spec": model.overrides,
+            "slice_experts": model.allow_sliced_checkpoint, "batch": training.batch, "seq_len": training.seq_len, "optim": asdict(self.optim),
             "seed": training.seed, "data": asdict(self.data), "dtype": training.dtype, "kernels": list(self.kernels.names or []),
             "kernels_filter": self.kernels.filter,
         }

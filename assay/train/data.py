@@ -30,7 +30,7 @@ PARQUET_SUFFIXES = (".parquet",)
 
 
 @dataclass(frozen=True)
-class DataSpec:
+class DataSource:
     """source: None for the embedded corpus, a local file, or a `datasets` name (Hub or local script)."""
 
     source: str | None = None
@@ -41,20 +41,20 @@ class DataSpec:
         return self.source or "embedded corpus (train split)"
 
 
-def load_texts(spec: DataSpec) -> list[str]:
+def load_texts(data: DataSource) -> list[str]:
     """The documents of a data source, in a fixed order."""
-    if spec.source is None:
+    if data.source is None:
         from assay.zoo.corpus import corpus_split
 
         return [corpus_split()[0]]
-    path = Path(spec.source)
+    path = Path(data.source)
     if path.is_file():
-        return _read_file(path, spec.text_field)
+        return _read_file(path, data.text_field)
     if path.exists():
-        raise AssayError(f"--data {spec.source}: a folder; pass one .txt, .json, .jsonl or .parquet file")
-    if path.suffix.lower() in (*TEXT_SUFFIXES, *JSON_SUFFIXES, *PARQUET_SUFFIXES) or spec.source.startswith((".", "/", "~")):
-        raise AssayError(f"--data {spec.source}: no such file")
-    return _load_dataset(spec)
+        raise AssayError(f"--data {data.source}: a folder; pass one .txt, .json, .jsonl or .parquet file")
+    if path.suffix.lower() in (*TEXT_SUFFIXES, *JSON_SUFFIXES, *PARQUET_SUFFIXES) or data.source.startswith((".", "/", "~")):
+        raise AssayError(f"--data {data.source}: no such file")
+    return _load_dataset(data)
 
 
 def _read_file(path: Path, text_field: str) -> list[str]:
@@ -98,19 +98,19 @@ def _json_texts(path: Path, text_field: str) -> list[str]:
     return [text for text in texts if text]
 
 
-def _load_dataset(spec: DataSpec) -> list[str]:
+def _load_dataset(data: DataSource) -> list[str]:
     try:
         import datasets
     except ImportError:
-        raise AssayError(f"--data {spec.source} is not a file, and the `datasets` package to load it by name is not installed") from None
+        raise AssayError(f"--data {data.source} is not a file, and the `datasets` package to load it by name is not installed") from None
     try:
-        dataset = datasets.load_dataset(spec.source, split=spec.split)
+        dataset = datasets.load_dataset(data.source, split=data.split)
     except Exception as error:  # offline, unknown name, bad split: datasets raises many types
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise AssayError(f"cannot load dataset {spec.source!r} (split {spec.split}) with datasets.load_dataset: {first_line}") from None
-    if spec.text_field not in dataset.column_names:
-        raise AssayError(f"dataset {spec.source!r} has no column {spec.text_field!r} (columns: {', '.join(dataset.column_names)}); pass --text-field")
-    return [str(text) for text in dataset[spec.text_field] if text]
+        raise AssayError(f"cannot load dataset {data.source!r} (split {data.split}) with datasets.load_dataset: {first_line}") from None
+    if data.text_field not in dataset.column_names:
+        raise AssayError(f"dataset {data.source!r} has no column {data.text_field!r} (columns: {', '.join(dataset.column_names)}); pass --text-field")
+    return [str(text) for text in dataset[data.text_field] if text]
 
 
 def load_tokenizer(checkpoint: str | Path):

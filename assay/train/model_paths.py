@@ -19,7 +19,8 @@ from torch import nn
 
 from assay.core.errors import AssayError
 from assay.models.hf_checkpoint import checkpoint_dir, read_hf_config
-from assay.train.families import FlopShape, ModelFamily, family_for, hf_blocks, hf_flop_shape
+from assay.models.registry import ArchSpec, FlopShape
+from assay.train.hf_shape import hf_blocks, hf_flop_shape
 
 PATHS = ("native", "hf")
 
@@ -29,8 +30,8 @@ class ModelChoice:
     checkpoint: str
     path: str = "native"
     flavour: str | None = None  # native only: the family's named size, randomly initialised
-    spec: str | None = None  # native only: field overrides, "layers=4,experts=8,top_k=2"
-    slice_experts: bool = False
+    overrides: str | None = None  # native only: field overrides (--spec), "layers=4,experts=8,top_k=2"
+    allow_sliced_checkpoint: bool = False
     seed: int = 0  # for a flavour's random init and for --check-init's random twin
 
 
@@ -39,7 +40,7 @@ class TrainModel:
 
     path: str
     model: nn.Module
-    family: ModelFamily | None
+    family: ArchSpec | None
     checkpoint: Path
     config: dict
     vocab_size: int
@@ -83,7 +84,7 @@ class TrainModel:
 class NativeModel(TrainModel):
     path = "native"
 
-    def __init__(self, model: nn.Module, args: Any, family: ModelFamily, checkpoint: Path, config: dict, has_weights: bool):
+    def __init__(self, model: nn.Module, args: Any, family: ArchSpec, checkpoint: Path, config: dict, has_weights: bool):
         self.model, self.args, self.family, self.checkpoint, self.config = model, args, family, checkpoint, config
         self.vocab_size = args.vocab_size
         self.flop_shape = family.flop_shape(args)
@@ -186,17 +187,17 @@ def load_model(choice: ModelChoice, device: torch.device, dtype: torch.dtype) ->
     folder = checkpoint_dir(choice.checkpoint)
     config = read_hf_config(folder)
     if choice.path == "hf":
-        if choice.flavour or choice.spec or choice.slice_experts:
-            raise AssayError("--flavour, --spec and --slice-experts choose a native model; use them with --path native")
+        if choice.flavour or choice.overrides or choice.allow_sliced_checkpoint:
+            raise AssayError("--flavour, --spec and --allow-sliced-checkpoint choose a native model; use them with --path native")
         return _load_hf(folder, config, device, dtype)
-    family = family_for(config.get("model_type"))
+    family = _native_entry(config.get("model_type"))
     if choice.flavour is not None:
         if choice.flavour not in family.flavours:
             raise AssayError(f"unknown {family.name} flavour {choice.flavour!r}; known: {', '.join(family.flavours)}")
-        args = family.apply_spec(family.flavours[choice.flavour], choice.spec)
+        args = family.apply_overrides(family.flavours[choice.flavour], choice.overrides)
         model = family.build(args, device, dtype, choice.seed)
         return NativeModel(model, args, family, folder, config, has_weights=False)
-    model, args = family.load(folder, choice.spec, choice.slice_experts, device, dtype)
+    model, args = family.load(folder, choice.overrides, choice.allow_sliced_checkpoint, device, dtype)
     return NativeModel(model, args, family, folder, config, has_weights=True)
 
 
@@ -214,6 +215,17 @@ def _load_hf(folder: Path, config: dict, device: torch.device, dtype: torch.dtyp
     except (OSError, ValueError, KeyError) as error:
         raise AssayError(f"Transformers cannot load {folder} as a causal LM: {str(error).splitlines()[0]}") from None
     return HFModel(model.to(device), folder, config)
+
+
+
+def _native_entry(model_type: str | None) -> ArchSpec:
+    """The registry's entry for model_type; refused with the way out (the hf path) when there is none."""
+    from assay.models import registry
+
+    spec = registry.find(model_type)
+    if spec is None:
+        raise AssayError(f"no native model for model_type {model_type!r} (native families: {', '.join(sorted(registry.model_types()))}); use --path hf")
+    return spec
 
 
 def apply_kernel_registry(model: nn.Module, names: list[str] | None, pattern: str | None, dry_run: bool):

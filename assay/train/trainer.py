@@ -85,7 +85,7 @@ class Trainer:
         self.device = distributed.place_device(resolve_device(request.training.device), local_rank, world_size)
         torch.manual_seed(request.training.seed)
         model = request.model
-        choice = ModelChoice(model.checkpoint, model.path, model.flavour, model.spec, model.slice_experts, request.training.seed)
+        choice = ModelChoice(model.checkpoint, model.path, model.flavour, model.overrides, model.allow_sliced_checkpoint, request.training.seed)
         self.loaded = load_model(choice, self.device, self.dtype)
         # Bad degrees are usage errors: reported before any process group exists, the same on every rank.
         self.loaded.check_parallel(request.parallelism.tp)

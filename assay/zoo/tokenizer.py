@@ -12,7 +12,7 @@ from pathlib import Path
 
 # The special tokens and their ids are defined once in core (configs and checkpoints outside the zoo
 # use them too); the tokenizer trainer below numbers them first, in that order.
-from assay.core.tokens import BOS, EOS, IMAGE_TOKENS, PAD, SPECIAL_TOKENS, TOKEN_IDS, UNK  # noqa: F401
+from assay.core.tokens import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 
 VOCAB_SIZE = 1024
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from compat.test_dataset import make_row
 
 from assay.app.catalog import recorded_list_models, refresh_catalog, zoo_catalog
-from assay.core.net import free_port  # noqa: F401 (the app tests import it from here)
 
 DATA = Path(__file__).parent / "data"
 RECORDED = DATA / "list_models_text_generation.json"

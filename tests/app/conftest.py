@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from app.builders import free_port, mixed_rows, recorded_catalog, stop, wait_until_served
+from app.builders import mixed_rows, recorded_catalog, stop, wait_until_served
 
 from assay.app.catalog import save_catalog
 from assay.compat.dataset import write_rows
+from assay.core.net import free_port
 
 
 @pytest.fixture

@@ -10,11 +10,13 @@ from compat.test_dataset import make_row
 
 from assay.app import charts
 from assay.app.catalog import zoo_catalog
-from assay.app.data import (
-    ALL_RESULTS, ANY, ANY_FAILURE, DOWNLOADS, LIST_COLUMNS, NOT_TESTED, SELECTED, SKIPPED, TRENDING, VIEWS, Filters,
-    ResultsSource, compare_stacks, failure_groups, filter_choices, list_view, load_snapshot, model_names, model_page,
-    model_drift, pass_rates, per_model_costs, per_model_drift, repro_py_filename, result_detail, run_py_filename,
+from assay.app.results.analysis import compare_stacks, failure_groups, model_drift, pass_rates, per_model_costs, per_model_drift
+from assay.app.results.listing import (
+    ALL_RESULTS, DOWNLOADS, LIST_COLUMNS, SELECTED, TRENDING, VIEWS, Filters, filter_choices, list_view,
 )
+from assay.app.results.model_page import model_names, model_page, repro_py_filename, result_detail, run_py_filename
+from assay.app.results.snapshot import ResultsSource, load_snapshot
+from assay.app.results.status import ANY, ANY_FAILURE, NOT_TESTED, SKIPPED
 from assay.compat.dataset import init_results, write_row, write_rows
 
 
@@ -208,7 +210,7 @@ def test_ten_thousand_rows_search_and_filter_correctly_and_fast(tmp_path):
 
 
 def test_every_status_has_its_colour_kind_and_other_text_has_none():
-    from assay.app.data import STATUS_COLOURS, status_kind, status_style
+    from assay.app.results.status import STATUS_COLOURS, status_kind, status_style
     from assay.compat.schema import STATUSES
 
     kinds = {result_label: status_kind(result_label) for result_label in [*STATUSES, SKIPPED, NOT_TESTED]}
@@ -219,7 +221,7 @@ def test_every_status_has_its_colour_kind_and_other_text_has_none():
 
 
 def test_a_links_query_names_a_view_and_unknown_values_are_left_out(mixed_results):
-    from assay.app.data import View, view_from_query, view_query
+    from assay.app.results.query import View, view_from_query, view_query
 
     snapshot, catalog = load_snapshot(mixed_results), recorded_catalog()
     choices, names = filter_choices(snapshot, catalog), model_names(snapshot, catalog)
@@ -288,6 +290,6 @@ def test_a_model_page_shows_the_eval_table_next_to_the_drift_table(mixed_results
     assert plain.eval.empty and plain.eval_note.startswith("no eval recorded") and plain.drift.empty
     listing = list_view(snapshot, zoo_catalog(), ALL_RESULTS, Filters(stack=GPU))
     assert list(listing.table["eval"]) == ["DISAGREE 0.90"]
-    from assay.app.data import status_kind
+    from assay.app.results.status import status_kind
 
     assert status_kind("DISAGREE 0.90") == "failure" and status_kind("AGREE 1.00") == "pass"

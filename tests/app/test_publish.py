@@ -13,13 +13,15 @@ import urllib.request
 from pathlib import Path
 
 import pandas as pd
-from app.builders import GPU, NEW, OLD, free_port, mixed_rows, recorded_catalog, stop, wait_until_served
+from app.builders import GPU, NEW, OLD, mixed_rows, recorded_catalog, stop, wait_until_served
 
 from assay.app.catalog import save_catalog
-from assay.app.data import load_snapshot, model_page
+from assay.app.results.model_page import model_page
+from assay.app.results.snapshot import load_snapshot
 from assay.app.publish import TAG
 from assay.compat.dataset import CARD, card_front_matter, query, stack_files, write_rows
 from assay.compat.schema import SCHEMA_VERSION, STATUSES
+from assay.core.net import free_port
 
 LOAD = """
 import json, sys

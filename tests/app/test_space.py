@@ -11,10 +11,11 @@ import sys
 import urllib.error
 import urllib.request
 
-from app.builders import OLD, free_port, mixed_rows, recorded_catalog, stop, wait_until_served
+from app.builders import OLD, mixed_rows, recorded_catalog, stop, wait_until_served
 
 from assay.app.catalog import load_catalog, save_catalog
 from assay.compat.dataset import query, write_rows
+from assay.core.net import free_port
 
 VENDOR_CHECK = """
 import sys

@@ -9,12 +9,12 @@ import torch
 from assay.kernels.check import check_kernels
 from assay.kernels.gla_op import KernelGLAOperator
 from assay.kernels.registry import KERNELS, apply_kernels, get_kernel
-from assay.models.gla import FLAVOURS, build_gla
+from assay.models.gla import FLAVOURS, GLA
 from assay.models.gla.model import GLAOperator
 
 
 def tiny_gla():
-    return build_gla(replace(FLAVOURS["tiny"], chunk_size=32), seed=0, std=0.2)
+    return GLA.build(replace(FLAVOURS["tiny"], chunk_size=32), seed=0, std=0.2)
 
 
 def logits_and_grads(model, tokens):

@@ -14,7 +14,7 @@ from assay.core import compiling
 from assay.core.compiling import CompileStats, compile_fn, watch
 from assay.kernels import attention, grouped_experts, rope
 from assay.kernels.registry import Case, apply_kernels, get_kernel, select_impl
-from assay.models.qwen3 import FLAVOURS, build_qwen3
+from assay.models.qwen3 import FLAVOURS, Qwen3
 from assay.models.qwen3.model import CausalAttention, GroupedExperts, RotaryEmbedding
 
 GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731
@@ -181,7 +181,7 @@ def test_grouped_experts_with_an_expert_that_gets_no_token():
 
 def test_moe_model_with_kernels_compiles_to_one_graph_without_breaks_forward_and_backward():
     args = replace(FLAVOURS["tiny-moe"], max_seq_len=32)
-    model, plain = build_qwen3(args), build_qwen3(args)
+    model, plain = Qwen3.build(args), Qwen3.build(args)
     apply_kernels(model, ["rope", "grouped_experts", "attention"])
     tokens = torch.randint(0, args.vocab_size, (2, 16), generator=GEN())
     compiling.reset()
@@ -201,7 +201,7 @@ def test_moe_model_with_kernels_compiles_to_one_graph_without_breaks_forward_and
 def test_the_counter_sees_the_graph_break_of_the_reference_experts_loop():
     # The same count without kernels: the per-expert loop reads routing on the host and breaks the graph.
     args = replace(FLAVOURS["tiny-moe"], n_layers=1, max_seq_len=32)
-    model = build_qwen3(args)
+    model = Qwen3.build(args)
     tokens = torch.randint(0, args.vocab_size, (1, 8), generator=GEN())
     compiling.reset()
     stats = CompileStats()

@@ -23,12 +23,12 @@ from assay.kernels.registry import (
     unregister_kernel,
 )
 from assay.kernels.rope import KernelRotaryEmbedding, rope_bthd
-from assay.models.qwen3 import FLAVOURS, build_qwen3
+from assay.models.qwen3 import FLAVOURS, Qwen3
 from assay.models.qwen3.model import Attention, RotaryEmbedding
 
 
 def tiny(flavour: str = "tiny", **overrides):
-    return build_qwen3(replace(FLAVOURS[flavour], max_seq_len=64, **overrides))
+    return Qwen3.build(replace(FLAVOURS[flavour], max_seq_len=64, **overrides))
 
 
 def test_builtin_kernels_are_one_registry_entry_each():

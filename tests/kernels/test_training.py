@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from assay.core.numerics import compare
 from assay.core.metrics import read_jsonl
 from assay.kernels.registry import apply_kernels
-from assay.models.qwen3 import FLAVOURS, build_qwen3
+from assay.models.qwen3 import FLAVOURS, Qwen3
 
 STEPS = 4
 
@@ -45,8 +45,8 @@ def train_losses(model: torch.nn.Module, vocab_size: int, steps: int = STEPS) ->
 )
 def test_training_with_kernels_gives_the_losses_of_training_without(caplog, flavour, names, dtype):
     args = replace(FLAVOURS[flavour], n_layers=3, max_seq_len=32)
-    plain = build_qwen3(args, dtype=dtype, seed=0)
-    with_kernels = build_qwen3(args, dtype=dtype, seed=0)
+    plain = Qwen3.build(args, dtype=dtype, seed=0)
+    with_kernels = Qwen3.build(args, dtype=dtype, seed=0)
     with caplog.at_level(logging.INFO, logger="assay.kernels"):
         replacements = apply_kernels(with_kernels, names)
     lines = [rec.getMessage() for rec in caplog.records if "kernels: replaced layers." in rec.getMessage()]

@@ -166,7 +166,7 @@ def test_a_sliding_layer_keeps_only_its_window_per_slot():
     assert SPEC.state_bytes_per_sequence(args, 64) == per_layer * (8 + 64)
     assert SPEC.state_bytes_per_sequence(args, 4) == per_layer * (4 + 4)
     # The engine's "its own cache" reference at 2,048 and 8,192 tokens counts the window too.
-    reference = SPEC.adapter_for(model, args).kv_reference()
+    reference = SPEC.wrap_slot_model(model, args).kv_reference()
     assert reference.bytes_per_sequence(2048, torch.float32) == per_layer * (2048 + 8) and "1 of 2 layers a window of 8" in reference.note
     # The FLOP count's attention term: the sliding layer attends over its window, not the whole context.
     shape = SPEC.flop_shape(args)

@@ -14,16 +14,8 @@ from safetensors.torch import load_file, save_file
 from assay.core.distributed import run_on_ranks
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-from assay.models.gla import (
-    FLAVOURS,
-    GLAArgs,
-    apply_spec_overrides,
-    build_gla,
-    count_parameters,
-    export_hf,
-    load_native_gla,
-    state_bytes_per_sequence,
-)
+from assay.models.common.counting import count_parameters
+from assay.models.gla import FLAVOURS, GLA, SPEC, GLAArgs, state_bytes_per_sequence
 from assay.models.gla.model import GLAOperator
 from assay.models.memory import kv_cache_bytes_per_sequence
 
@@ -34,7 +26,7 @@ def random_tokens(batch: int, seq_len: int, seed: int = 0) -> torch.Tensor:
 
 def tiny_model(flavour: str = "tiny", **overrides):
     # std 0.2: logits far from uniform, so a wrong state would show in them (0.02 gives near-flat logits).
-    return build_gla(replace(FLAVOURS[flavour], **overrides), seed=0, std=0.2).eval()
+    return GLA.build(replace(FLAVOURS[flavour], **overrides), seed=0, std=0.2).eval()
 
 
 # ---------------------------------------------------------------- one model, three ways through it
@@ -103,7 +95,7 @@ def test_generate_is_greedy_over_the_full_forward():
 
 def test_3b_flavour_has_about_three_billion_parameters_on_meta():
     args = FLAVOURS["3B"]
-    counts = count_parameters(build_gla(args, device="meta"))
+    counts = count_parameters(GLA.build(args, device="meta"))
     assert args.n_layers == 24
     assert abs(counts.total - 3.028e9) / 3.028e9 < 0.001  # the reference: 3.028 billion
     assert counts.total == 3_028_938_240
@@ -111,7 +103,7 @@ def test_3b_flavour_has_about_three_billion_parameters_on_meta():
 
 def test_1_3b_flavour_is_the_size_of_fla_hubs_checkpoint():
     # fla-hub/gla-1.3B-100B: model.safetensors is 2.73 GB of bfloat16 (1.365B parameters).
-    counts = count_parameters(build_gla(FLAVOURS["1.3B"], device="meta"))
+    counts = count_parameters(GLA.build(FLAVOURS["1.3B"], device="meta"))
     assert round(counts.total * 2 / 1e9, 2) == 2.73
 
 
@@ -139,7 +131,7 @@ FLA_LAYER_KEYS = [
 
 def test_export_writes_fla_key_names_and_gla_config(tmp_path):
     args = FLAVOURS["tiny"]
-    export_hf(tiny_model(), args, tmp_path)
+    SPEC.export_hf(tiny_model(), args, tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")
     expected = {"model.embeddings.weight", "model.norm.weight", "lm_head.weight"}
     expected |= {f"model.layers.{i}.{key}" for i in range(args.n_layers) for key in FLA_LAYER_KEYS}
@@ -157,8 +149,8 @@ def test_export_writes_fla_key_names_and_gla_config(tmp_path):
 @pytest.mark.parametrize("flavour", ["tiny", "tiny-tied"])
 def test_export_then_load_gives_identical_logits(tmp_path, flavour):
     model = tiny_model(flavour)
-    export_hf(model, FLAVOURS[flavour], tmp_path)
-    loaded, args = load_native_gla(tmp_path)
+    SPEC.export_hf(model, FLAVOURS[flavour], tmp_path)
+    loaded, args = SPEC.load(tmp_path)
     assert args == FLAVOURS[flavour]
     tokens = random_tokens(batch=2, seq_len=40)
     with torch.no_grad():
@@ -171,17 +163,17 @@ def test_export_then_load_gives_identical_logits(tmp_path, flavour):
 def test_fused_norm_checkpoints_load_under_flas_other_name(tmp_path):
     # fla's default fuse_norm=true names the per-head norm g_norm_swish_gate (the published checkpoints).
     model = tiny_model()
-    export_hf(model, FLAVOURS["tiny"], tmp_path)
+    SPEC.export_hf(model, FLAVOURS["tiny"], tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")
     renamed = {key.replace("attn.g_norm.", "attn.g_norm_swish_gate."): tensor for key, tensor in tensors.items()}
     save_file(renamed, tmp_path / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((tmp_path / "config.json").read_text()) | {"fuse_norm": True}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    loaded, args = load_native_gla(tmp_path)
+    loaded, args = SPEC.load(tmp_path)
     tokens = random_tokens(batch=1, seq_len=20)
     with torch.no_grad():
         assert torch.equal(loaded(tokens), model(tokens))
-    export_hf(loaded, args, tmp_path / "again")
+    SPEC.export_hf(loaded, args, tmp_path / "again")
     assert "model.layers.0.attn.g_norm_swish_gate.weight" in load_file(tmp_path / "again" / "model.safetensors")
 
 
@@ -215,10 +207,10 @@ def test_unsupported_configs_are_clear_errors(change, message):
 
 
 def test_spec_overrides_and_bad_sizes():
-    args = apply_spec_overrides(FLAVOURS["tiny"], "layers=3,heads=2,chunk=32")
+    args = SPEC.apply_overrides(FLAVOURS["tiny"], "layers=3,heads=2,chunk=32")
     assert (args.n_layers, args.n_heads, args.chunk_size) == (3, 2, 32)
     with pytest.raises(AssayError, match="not a GLA field"):
-        apply_spec_overrides(FLAVOURS["tiny"], "experts=8")
+        SPEC.apply_overrides(FLAVOURS["tiny"], "experts=8")
     with pytest.raises(AssayError, match="multiple of n_heads"):
         replace(FLAVOURS["tiny"], n_heads=3)
 
@@ -239,18 +231,17 @@ def _sharded_logits_and_grads(layout: str, short_conv: bool = False) -> list[str
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from assay.models.gla.parallelize import parallelize_gla
 
     tokens = random_tokens(batch=4, seq_len=40)
     args = replace(FLAVOURS["tiny"], use_short_conv=short_conv, conv_bias=short_conv)
-    reference = build_gla(args, seed=0, std=0.2)
+    reference = GLA.build(args, seed=0, std=0.2)
     reference_logits = reference(tokens)
     reference_logits.pow(2).mean().backward()
     reference_grads = {name: p.grad for name, p in reference.named_parameters()}
 
-    model = build_gla(args, seed=0, std=0.2)  # same seed: identical weights on every rank
+    model = GLA.build(args, seed=0, std=0.2)  # same seed: identical weights on every rank
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=(layout,))
-    parallelize_gla(model, mesh, tp=layout == "tp", dp_shard=layout == "dp_shard")
+    SPEC.parallelize(model, mesh, tp=layout == "tp", dp_shard=layout == "dp_shard")
     # Data-parallel ranks take their half of the batch; FSDP averages their gradients.
     rows = slice(0, 4) if layout == "tp" else slice(2 * dist.get_rank(), 2 * dist.get_rank() + 2)
     logits = model(tokens[rows])
@@ -285,7 +276,7 @@ def test_zoo_pretrained_gla_is_far_below_random_loss(zoo_dir):
     window = corpus_token_ids()[:513].unsqueeze(0)
     losses = {}
     for name in ("gla", "gla-pretrained"):
-        model, _ = load_native_gla(zoo_dir / name)
+        model, _ = SPEC.load(zoo_dir / name)
         with torch.no_grad():
             losses[name] = next_token_loss(model.eval(), window).item()
     # ln(1024) = 6.93 is the uniform guess; a random model sits at or above it, a trained one far below.
@@ -303,6 +294,6 @@ def test_zoo_gla_folder_is_a_checkpoint_with_the_zoo_tokenizer(zoo_dir):
     assert config["model_type"] == "gla" and (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (0, 1, 2)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer.decode(tokenizer("def f(x): return x")["input_ids"]) == "def f(x): return x"
-    model, args = load_native_gla(folder)
+    model, args = SPEC.load(folder)
     assert args == FLAVOURS["tiny"]
     assert model.generate(torch.tensor([tokenizer("The Python")["input_ids"]]), 5).shape[1] == len(tokenizer("The Python")["input_ids"]) + 5

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from assay.core.numerics import assert_close
-from assay.models.gla import FLAVOURS, build_gla, export_hf
+from assay.models.gla import FLAVOURS, GLA, SPEC
 
 PROMPTS = ["The cat", "Once upon a time there was a small village by the sea, and", "In the morning the market"]
 
@@ -28,7 +28,7 @@ def checkpoint(request, zoo_dir, tmp_path_factory):
         return zoo_dir / "gla-pretrained"
     args = replace(FLAVOURS["tiny"], use_short_conv=True)
     folder = tmp_path_factory.mktemp("gla-conv")
-    export_hf(build_gla(args, seed=0, std=0.2), args, folder, tokenizer_source_dir=zoo_dir / "gla-pretrained")
+    SPEC.export_hf(GLA.build(args, seed=0, std=0.2), args, folder, tokenizer_source_dir=zoo_dir / "gla-pretrained")
     return folder
 
 
@@ -53,7 +53,7 @@ def test_right_padded_prefill_ends_each_row_at_its_last_real_token():
     # The native model, right padding: each row's state (and conv window) equals that row's unpadded prefill,
     # and the logits at its real positions equal the unpadded ones.
     args = replace(FLAVOURS["tiny"], use_short_conv=True)
-    model = build_gla(args, seed=0, std=0.2).eval()
+    model = GLA.build(args, seed=0, std=0.2).eval()
     lengths = [5, 23, 1]
     tokens = torch.randint(3, args.vocab_size, (3, 23), generator=torch.Generator().manual_seed(0))
     mask = torch.arange(23).view(1, -1) < torch.tensor(lengths).view(-1, 1)
@@ -68,13 +68,13 @@ def test_right_padded_prefill_ends_each_row_at_its_last_real_token():
 
 @pytest.mark.parametrize("short_conv", [False, True])
 def test_prefill_batch_equals_one_prompt_at_a_time_and_a_second_chunk_continues(short_conv):
-    # The serving contract (ModelAdapter.prefill_batch): a right-padded batch of prompts of different lengths
+    # The serving contract (SlotModel.prefill_batch): a right-padded batch of prompts of different lengths
     # gives each row's last logits and slot contents as that prompt alone; a second chunk continuing from the
     # slots equals the whole prompt in one pass; slots not in the batch are untouched.
     from assay.models.slots import StateSlotModel
 
     args = replace(FLAVOURS["tiny"], use_short_conv=short_conv)
-    adapter = StateSlotModel(build_gla(args, seed=0, std=0.2).eval(), args, "gla")
+    adapter = StateSlotModel(GLA.build(args, seed=0, std=0.2).eval(), args, "gla")
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, args.vocab_size, (n,), generator=generator) for n in (7, 30, 2)]
     slots = torch.tensor([3, 1, 4])

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-from assay.models.gla import FLAVOURS, GLAArgs, build_gla, export_hf, load_native_gla, state_bytes_per_sequence
-from assay.models.layers import ShortConvolution
+from assay.models.gla import FLAVOURS, GLA, SPEC, GLAArgs, state_bytes_per_sequence
+from assay.models.common.linear_attention import ShortConvolution
 
 ARGS = replace(FLAVOURS["tiny"], use_short_conv=True)
 
@@ -30,7 +30,7 @@ def _tokens(batch: int, seq_len: int, seed: int = 0) -> torch.Tensor:
 
 def _model(dtype=torch.float32, **overrides):
     # std 0.2: logits far from uniform, so a wrong state shows in them.
-    return build_gla(replace(ARGS, **overrides), dtype=dtype, seed=0, std=0.2).eval()
+    return GLA.build(replace(ARGS, **overrides), dtype=dtype, seed=0, std=0.2).eval()
 
 
 def test_short_convolution_equals_a_causal_loop_and_its_step():
@@ -76,7 +76,7 @@ def test_the_convolution_changes_the_output():
     # Not a silent no-op: the same weights without the convolutions give other logits.
     tokens = _tokens(1, 20)
     with_conv = _model()
-    without = build_gla(replace(ARGS, use_short_conv=False), seed=0, std=0.2).eval()
+    without = GLA.build(replace(ARGS, use_short_conv=False), seed=0, std=0.2).eval()
     without.load_state_dict({k: v for k, v in with_conv.state_dict().items() if "_conv." not in k})
     with torch.no_grad():
         assert (with_conv(tokens) - without(tokens)).abs().max() > 1e-2
@@ -89,35 +89,35 @@ def test_state_bytes_count_the_conv_state():
 
 def test_export_writes_flas_conv_keys_and_loads_back(tmp_path):
     model = _model()
-    export_hf(model, ARGS, tmp_path)
+    SPEC.export_hf(model, ARGS, tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")
     assert tuple(tensors["model.layers.0.attn.q_conv1d.weight"].shape) == (ARGS.key_dim, 1, 4)
     assert tuple(tensors["model.layers.1.attn.v_conv1d.weight"].shape) == (ARGS.value_dim, 1, 4)
     config = json.loads((tmp_path / "config.json").read_text())
     assert (config["use_short_conv"], config["conv_size"], config["conv_bias"]) == (True, 4, False)
-    loaded, args = load_native_gla(tmp_path)
+    loaded, args = SPEC.load(tmp_path)
     assert args == ARGS
     tokens = _tokens(2, 30)
     with torch.no_grad():
         assert torch.equal(loaded.eval()(tokens), model(tokens))
     # a checkpoint without the conv weights is refused by a config that asks for them
     without = tmp_path / "without"
-    export_hf(build_gla(FLAVOURS["tiny"], seed=0), FLAVOURS["tiny"], without)
+    SPEC.export_hf(GLA.build(FLAVOURS["tiny"], seed=0), FLAVOURS["tiny"], without)
     with pytest.raises(AssayError, match="q_conv1d"):
-        load_native_gla(without, spec_overrides="short_conv=true")
+        SPEC.load(without, overrides="short_conv=true")
 
 
 def test_conv_size_below_two_is_a_clear_error_and_tensor_parallel_splits_the_filters():
     with pytest.raises(AssayError, match="conv_size"):
         replace(ARGS, conv_size=1)
     from assay.models.common.tp_plan import TP
-    from assay.models.gla.parallelize import check_tp_divisible, tp_plan
+    from assay.models.gla.parallelize import tp_plan
 
-    check_tp_divisible(ARGS, 2)  # no longer refused (tests/models/test_gla_model.py runs it on 2 ranks)
+    SPEC.check_tp(ARGS, 2)  # no longer refused (tests/models/test_gla_model.py runs it on 2 ranks)
     plan = tp_plan(None, ARGS)
     assert all(plan[f"attention.{name}_conv"] is TP.CHANNELWISE for name in "qkv") and plan["attention.wq"] is TP.COLWISE
     with pytest.raises(AssayError, match="n_heads=4"):
-        check_tp_divisible(ARGS, 3)
+        SPEC.check_tp(ARGS, 3)
 
 
 def test_transformers_generate_and_the_engine_carry_the_conv_state(tmp_path):
@@ -127,7 +127,7 @@ def test_transformers_generate_and_the_engine_carry_the_conv_state(tmp_path):
     from assay.serve.runner.weights import load_slot_model
 
     model = _model()
-    export_hf(model, ARGS, tmp_path)
+    SPEC.export_hf(model, ARGS, tmp_path)
     prompt = _tokens(1, 23, seed=3)
     expected = model.generate(prompt, 12)
 
@@ -156,7 +156,7 @@ def test_filters_start_as_flas_model_draws_them():
 
     args = replace(ARGS, dim=256, conv_bias=True)  # 768 filters of 4 taps: a sample's std within 10% of the draw's
     hf = GLAForCausalLM(GLAConfig(**args.to_hf_config()))
-    for model, std in ((build_gla(args, seed=0, std=0.05), 0.05), (hf.model, hf.config.initializer_range)):
+    for model, std in ((GLA.build(args, seed=0, std=0.05), 0.05), (hf.model, hf.config.initializer_range)):
         for name in ("q_conv", "k_conv", "v_conv"):
             conv = getattr(model.layers[0].attention, name)
             assert abs(conv.weight.std().item() - std) < 0.1 * std, (name, conv.weight.std().item(), std)

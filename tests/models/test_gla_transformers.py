@@ -54,10 +54,10 @@ def pair(zoo_dir):
     """(Transformers' GLAForCausalLM, the native GLA) on the zoo's pretrained GLA weights."""
     from transformers import AutoModelForCausalLM
 
-    from assay.models.gla import load_native_gla
+    from assay.models.gla import SPEC
 
     hf = AutoModelForCausalLM.from_pretrained(zoo_dir / "gla-pretrained", dtype=torch.float32).eval()
-    native, _ = load_native_gla(zoo_dir / "gla-pretrained")
+    native, _ = SPEC.load(zoo_dir / "gla-pretrained")
     return hf, native.eval()
 
 

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close, rel_error
 from assay.models.hf_checkpoint import INDEX_FILE, SINGLE_FILE, read_hf_state_dict
-from assay.models.qwen3 import Qwen3Args, export_hf, from_hf, load_native_qwen3
+from assay.models.qwen3 import SPEC, Qwen3Args
 
 TINY_DENSE = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -88,8 +88,8 @@ def test_single_file_and_sharded_checkpoints_load_the_same_weights(moe_checkpoin
     single, sharded = moe_checkpoints
     assert (single / SINGLE_FILE).is_file() and not (single / INDEX_FILE).exists()
     assert (sharded / INDEX_FILE).is_file() and len(list(sharded.glob("model-*.safetensors"))) > 1
-    single_model, single_args = load_native_qwen3(single)
-    sharded_model, sharded_args = load_native_qwen3(sharded / INDEX_FILE)  # a file inside the folder works too
+    single_model, single_args = SPEC.load(single)
+    sharded_model, sharded_args = SPEC.load(sharded / INDEX_FILE)  # a file inside the folder works too
     assert single_args == sharded_args
     single_state, sharded_state = single_model.state_dict(), sharded_model.state_dict()
     assert single_state.keys() == sharded_state.keys()
@@ -111,15 +111,15 @@ def test_fused_in_memory_expert_layout_loads_like_the_disk_layout(moe_checkpoint
     args = Qwen3Args.from_hf_config(json.loads((folder / "config.json").read_text()))
     fused_state = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
     assert "model.layers.0.mlp.experts.gate_up_proj" in fused_state
-    from_fused = from_hf(fused_state, args)
-    from_disk = from_hf(read_hf_state_dict(folder), args)
+    from_fused = SPEC.from_hf(fused_state, args)
+    from_disk = SPEC.from_hf(read_hf_state_dict(folder), args)
     assert from_fused.keys() == from_disk.keys()
     assert all(torch.equal(from_fused[key], from_disk[key]) for key in from_disk)
 
 
 def test_load_in_bfloat16_keeps_tied_embedding_shared(tmp_path):
     folder = save_tiny_hf(tmp_path / "dense", moe=False, tie_word_embeddings=True)
-    model, args = load_native_qwen3(folder, dtype=torch.bfloat16)
+    model, args = SPEC.load(folder, dtype=torch.bfloat16)
     assert args.tie_embeddings
     assert model.output.weight is model.tok_embeddings.weight
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -131,16 +131,16 @@ def test_load_in_bfloat16_keeps_tied_embedding_shared(tmp_path):
 
 def test_reduced_moe_spec_is_refused_without_slice_experts(moe_checkpoints):
     with pytest.raises(AssayError) as refused:
-        load_native_qwen3(moe_checkpoints[0], spec_overrides="layers=2,experts=4")
+        SPEC.load(moe_checkpoints[0], overrides="layers=2,experts=4")
     message = str(refused.value)
-    assert "2 of its 3 layers" in message and "4 of its 8 experts" in message and "slice_experts=True" in message
+    assert "2 of its 3 layers" in message and "4 of its 8 experts" in message and "allow_sliced_checkpoint=True" in message
 
 
 def test_reduced_moe_with_slice_experts_matches_a_reduced_transformers_model(moe_checkpoints):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     single, sharded = moe_checkpoints
-    model, args = load_native_qwen3(sharded, spec_overrides="layers=2,experts=4", slice_experts=True)
+    model, args = SPEC.load(sharded, overrides="layers=2,experts=4", allow_sliced_checkpoint=True)
     assert (args.n_layers, args.n_experts, args.top_k) == (2, 4, 2)
     assert len(model.layers) == 2
     experts = model.layers[1].moe.experts
@@ -165,14 +165,14 @@ def test_reduced_moe_with_slice_experts_matches_a_reduced_transformers_model(moe
 
 def test_spec_larger_than_checkpoint_is_refused(moe_checkpoints):
     with pytest.raises(AssayError, match="asks for 4 layers but the checkpoint has 3"):
-        load_native_qwen3(moe_checkpoints[0], spec_overrides="layers=4", slice_experts=True)
+        SPEC.load(moe_checkpoints[0], overrides="layers=4", allow_sliced_checkpoint=True)
     with pytest.raises(AssayError, match="asks for 16 experts"):
-        load_native_qwen3(moe_checkpoints[0], spec_overrides="experts=16", slice_experts=True)
+        SPEC.load(moe_checkpoints[0], overrides="experts=16", allow_sliced_checkpoint=True)
 
 
 def test_spec_with_other_sizes_names_the_mismatched_tensors(moe_checkpoints):
     with pytest.raises(AssayError, match=r"do not fit the Qwen3 spec: .*moe.experts.w1 \(8, 32, 64\) vs spec \(8, 48, 64\)"):
-        load_native_qwen3(moe_checkpoints[0], spec_overrides="moe_hidden=48")
+        SPEC.load(moe_checkpoints[0], overrides="moe_hidden=48")
 
 
 def test_missing_and_unexpected_keys_are_named(tmp_path):
@@ -182,23 +182,23 @@ def test_missing_and_unexpected_keys_are_named(tmp_path):
     missing = dict(state)
     del missing["model.layers.1.self_attn.k_norm.weight"]
     with pytest.raises(AssayError, match=r"lacks 1 tensors .*model\.layers\.1\.self_attn\.k_norm\.weight"):
-        from_hf(missing, args)
+        SPEC.from_hf(missing, args)
     extra = dict(state, **{"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)})
     with pytest.raises(AssayError, match=r"does not use: model\.layers\.0\.self_attn\.q_proj\.bias"):
-        from_hf(extra, args)
+        SPEC.from_hf(extra, args)
 
 
 def test_folder_without_config_or_weights_is_refused(tmp_path):
     with pytest.raises(AssayError, match="no checkpoint"):
-        load_native_qwen3(tmp_path / "absent")
+        SPEC.load(tmp_path / "absent")
     with pytest.raises(AssayError, match="has no config.json"):
-        load_native_qwen3(tmp_path)
+        SPEC.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(Qwen3Args(**_tiny_args()).to_hf_config()))
     with pytest.raises(AssayError, match="neither model.safetensors"):
-        load_native_qwen3(tmp_path)
+        SPEC.load(tmp_path)
     (tmp_path / SINGLE_FILE).write_bytes(b"\x00\x01 not safetensors")
     with pytest.raises(AssayError, match="cannot read"):
-        load_native_qwen3(tmp_path)
+        SPEC.load(tmp_path)
 
 
 def _tiny_args() -> dict:
@@ -211,10 +211,10 @@ def _tiny_args() -> dict:
 @pytest.mark.parametrize("moe, tied", [(False, True), (True, False)], ids=["dense-tied", "moe"])
 def test_export_after_training_reloads_in_transformers_with_equal_logits(tmp_path, moe, tied):
     source = save_tiny_hf(tmp_path / "source", moe=moe, tie_word_embeddings=tied)
-    model, args = load_native_qwen3(source)
+    model, args = SPEC.load(source)
     train_steps(model, steps=2)
     out = tmp_path / "export"
-    export_hf(model, args, out, tokenizer_source_dir=source)
+    SPEC.export_hf(model, args, out, tokenizer_source_dir=source)
 
     exported_keys = disk_keys(out)
     assert exported_keys == disk_keys(source)  # same on-disk layout as Transformers' own save_pretrained
@@ -234,9 +234,9 @@ def test_export_after_training_reloads_in_transformers_with_equal_logits(tmp_pat
 
 def test_export_copies_tokenizer_files_generation_config_and_token_ids(tmp_path):
     source = save_tiny_hf(tmp_path / "source", moe=False)
-    model, args = load_native_qwen3(source)
+    model, args = SPEC.load(source)
     out = tmp_path / "export"
-    export_hf(model, args, out, tokenizer_source_dir=source)
+    SPEC.export_hf(model, args, out, tokenizer_source_dir=source)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / name).read_bytes() == (source / name).read_bytes()
     config = json.loads((out / "config.json").read_text())
@@ -246,9 +246,9 @@ def test_export_copies_tokenizer_files_generation_config_and_token_ids(tmp_path)
 
 def test_export_shards_over_the_limit_and_a_later_export_removes_stale_shards(tmp_path):
     source = save_tiny_hf(tmp_path / "source", moe=True)
-    model, args = load_native_qwen3(source)
+    model, args = SPEC.load(source)
     out = tmp_path / "export"
-    export_hf(model, args, out, max_shard_bytes=64 * 1024)
+    SPEC.export_hf(model, args, out, max_shard_bytes=64 * 1024)
     shards = sorted(out.glob("model-*-of-*.safetensors"))
     assert len(shards) > 1 and (out / INDEX_FILE).is_file()
     index = json.loads((out / INDEX_FILE).read_text())
@@ -258,14 +258,14 @@ def test_export_shards_over_the_limit_and_a_later_export_removes_stale_shards(tm
     reloaded, info = reload_with_transformers(out)
     assert not info["unexpected_keys"] and not info["missing_keys"]
 
-    export_hf(model, args, out)  # now one file: the index and the old shards must go
+    SPEC.export_hf(model, args, out)  # now one file: the index and the old shards must go
     assert sorted(path.name for path in out.glob("model*")) == [SINGLE_FILE]
     assert disk_keys(out) == disk_keys(source)
 
 
 def test_export_of_a_sliced_moe_reloads_as_the_reduced_architecture(moe_checkpoints, tmp_path):
-    model, args = load_native_qwen3(moe_checkpoints[0], spec_overrides="layers=2,experts=4", slice_experts=True)
-    export_hf(model, args, tmp_path / "reduced", tokenizer_source_dir=moe_checkpoints[0])
+    model, args = SPEC.load(moe_checkpoints[0], overrides="layers=2,experts=4", allow_sliced_checkpoint=True)
+    SPEC.export_hf(model, args, tmp_path / "reduced", tokenizer_source_dir=moe_checkpoints[0])
     reloaded, info = reload_with_transformers(tmp_path / "reduced")
     assert (reloaded.config.num_hidden_layers, reloaded.config.num_experts) == (2, 4)
     assert not info["unexpected_keys"] and not info["missing_keys"]

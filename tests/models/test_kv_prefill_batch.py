@@ -33,7 +33,7 @@ def _model(name: str):
     model = spec.build(args, "cpu", torch.float32, seed=0)
     # A wider init than 0.02: logits far from uniform, so a wrong key or a leaked pad shows.
     model.init_weights(std=0.1, generator=torch.Generator().manual_seed(0))
-    return spec.adapter_for(model.eval(), args)
+    return spec.wrap_slot_model(model.eval(), args)
 
 
 def _noisy_pool(adapter) -> list[torch.Tensor]:

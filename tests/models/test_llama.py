@@ -15,7 +15,7 @@ import torch
 
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-from assay.models.llama import LlamaArgs, export_hf, load_native_llama
+from assay.models.llama import SPEC, LlamaArgs
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 32}
@@ -52,7 +52,7 @@ def _transformers_checkpoint(folder, variant: str, sharded: bool = False):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_logits_equal_transformers_within_float32_rounding(variant, tmp_path):
     reference = _transformers_checkpoint(tmp_path, variant, sharded=variant == "tied").double()
-    model, args = load_native_llama(tmp_path)
+    model, args = SPEC.load(tmp_path)
     assert args.tie_embeddings == (variant == "tied")
     assert args.hf_model_type == VARIANTS[variant]["model_type"]
     tokens = torch.randint(0, 256, (2, 100), generator=torch.Generator().manual_seed(1))  # past the llama3 original 32
@@ -63,7 +63,7 @@ def test_logits_equal_transformers_within_float32_rounding(variant, tmp_path):
 def test_a_sharded_checkpoint_loads(tmp_path):
     _transformers_checkpoint(tmp_path, "tied", sharded=True)
     assert (tmp_path / "model.safetensors.index.json").is_file()
-    model, _ = load_native_llama(tmp_path)
+    model, _ = SPEC.load(tmp_path)
     assert model.output.weight is model.tok_embeddings.weight
 
 
@@ -72,8 +72,8 @@ def test_export_reloads_in_transformers_with_every_key(variant, tmp_path):
     from transformers import AutoModelForCausalLM
 
     _transformers_checkpoint(tmp_path / "source", variant)
-    model, args = load_native_llama(tmp_path / "source")
-    export_hf(model, args, tmp_path / "out")
+    model, args = SPEC.load(tmp_path / "source")
+    SPEC.export_hf(model, args, tmp_path / "out")
     reloaded, info = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     tokens = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(2))

@@ -14,7 +14,7 @@ import torch
 from assay.core.compiling import CompileStats, compile_fn, reset
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-from assay.models.qwen3 import build_qwen3, flavour
+from assay.models.qwen3 import SPEC, Qwen3
 
 MAX_LEN = 16
 N_ROWS = 6
@@ -25,7 +25,7 @@ TOTAL_LENS = [12, 9, 11]
 
 
 def tiny_model(name: str):
-    model = build_qwen3(flavour(name))
+    model = Qwen3.build(SPEC.flavour(name))
     # A wider init than 0.02 makes the logits (and the MoE routing) far from uniform.
     model.init_weights(std=0.1, generator=torch.Generator().manual_seed(0))
     return model.eval()

@@ -17,15 +17,8 @@ import torch
 
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-from assay.models.qwen3 import (
-    FLAVOURS,
-    Qwen3Args,
-    apply_spec_overrides,
-    build_qwen3,
-    count_parameters,
-    load_native_qwen3,
-    parse_spec_overrides,
-)
+from assay.models.common.counting import count_parameters
+from assay.models.qwen3 import FLAVOURS, SPEC, Qwen3, Qwen3Args
 
 TINY_DENSE = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -73,7 +66,7 @@ def random_tokens(vocab_size: int = 512, batch: int = 2, seq_len: int = 24) -> t
 def test_native_logits_equal_transformers_float32(tmp_path, name, moe, overrides):
     folder = save_tiny_hf(tmp_path / name, moe, **overrides)
     tokens = random_tokens()
-    model, args = load_native_qwen3(folder)
+    model, args = SPEC.load(folder)
     assert args.is_moe == moe
     with torch.no_grad():
         native = model(tokens)
@@ -91,7 +84,7 @@ def test_native_bfloat16_logits_within_tolerance_of_float64_transformers(tmp_pat
     # Transformers 5.24's default grouped_mm experts refuse float64; its eager loop is the float64 reference.
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, experts_implementation="eager").eval()
     hf_bf16 = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-    model, _ = load_native_qwen3(folder, dtype=torch.bfloat16)
+    model, _ = SPEC.load(folder, dtype=torch.bfloat16)
     with torch.no_grad():
         reference_logits = reference(tokens).logits
         native = assert_close("model_logits", model(tokens), reference_logits, torch.bfloat16)
@@ -102,18 +95,18 @@ def test_native_bfloat16_logits_within_tolerance_of_float64_transformers(tmp_pat
 
 def test_moe_layer_kinds_follow_transformers_rule():
     args = replace(FLAVOURS["tiny-moe"], n_layers=4, decoder_sparse_step=2, mlp_only_layers=(3,))
-    model = build_qwen3(args, device="meta")
+    model = Qwen3.build(args, device="meta")
     # (i + 1) % 2 == 0 -> layers 1 and 3 sparse, but 3 is listed as dense.
     assert [block.is_moe for block in model.layers] == [False, True, False, False]
     assert hasattr(model.layers[1], "moe") and hasattr(model.layers[0], "mlp")
 
 
 def test_kernel_seams_have_stable_module_names():
-    model = build_qwen3(FLAVOURS["tiny-moe"], device="meta")
+    model = Qwen3.build(FLAVOURS["tiny-moe"], device="meta")
     names = dict(model.named_modules())
     for name in ("layers.0.attention", "layers.0.attention.rope", "layers.0.attention.sdpa", "layers.0.moe", "layers.0.moe.experts"):
         assert name in names, name
-    assert "layers.0.mlp" in dict(build_qwen3(FLAVOURS["tiny"], device="meta").named_modules())
+    assert "layers.0.mlp" in dict(Qwen3.build(FLAVOURS["tiny"], device="meta").named_modules())
 
 
 def test_hf_config_round_trip_and_transformers_accepts_it():
@@ -143,12 +136,12 @@ def test_hf_config_rejects_other_architectures():
 
 
 def test_spec_override_string_with_aliases():
-    assert parse_spec_overrides("layers=4,experts=8,top_k=2") == {"n_layers": 4, "n_experts": 8, "top_k": 2}
-    spec = apply_spec_overrides(FLAVOURS["30B-A3B"], "layers=4, experts=64, top_k=4, tie=false, theta=1e6, mlp_only_layers=[0,2]")
+    assert Qwen3Args.parse_overrides("layers=4,experts=8,top_k=2") == {"n_layers": 4, "n_experts": 8, "top_k": 2}
+    spec = SPEC.apply_overrides(FLAVOURS["30B-A3B"], "layers=4, experts=64, top_k=4, tie=false, theta=1e6, mlp_only_layers=[0,2]")
     assert (spec.n_layers, spec.n_experts, spec.top_k, spec.tie_embeddings, spec.rope_theta) == (4, 64, 4, False, 1e6)
     assert spec.mlp_only_layers == (0, 2)
-    assert apply_spec_overrides(FLAVOURS["tiny"], {"dim": 32, "heads": 2, "kv_heads": 1}).dim == 32
-    assert apply_spec_overrides(FLAVOURS["tiny"], None) == FLAVOURS["tiny"]
+    assert SPEC.apply_overrides(FLAVOURS["tiny"], {"dim": 32, "heads": 2, "kv_heads": 1}).dim == 32
+    assert SPEC.apply_overrides(FLAVOURS["tiny"], None) == FLAVOURS["tiny"]
 
 
 @pytest.mark.parametrize(
@@ -164,7 +157,7 @@ def test_spec_override_string_with_aliases():
 )
 def test_spec_override_errors_are_clear(text, message):
     with pytest.raises(AssayError, match=message):
-        apply_spec_overrides(FLAVOURS["tiny-moe"], text)
+        SPEC.apply_overrides(FLAVOURS["tiny-moe"], text)
 
 
 def test_guide_4b_from_32b_builder_is_the_4b_flavour():
@@ -184,7 +177,7 @@ def test_guide_4b_from_32b_builder_is_the_4b_flavour():
     ],
 )
 def test_flavour_parameter_counts_match_published_sizes(name, total, active_with_embedding):
-    counts = count_parameters(build_qwen3(FLAVOURS[name], device="meta"))
+    counts = count_parameters(Qwen3.build(FLAVOURS[name], device="meta"))
     assert counts.total == pytest.approx(total, rel=0.01)
     if active_with_embedding is None:
         # Dense: every matmul weight is active; a tied head is counted as a matmul but once in the total.
@@ -196,7 +189,7 @@ def test_flavour_parameter_counts_match_published_sizes(name, total, active_with
 
 
 def test_zero_six_b_has_tied_embeddings_and_no_separate_head():
-    model = build_qwen3(FLAVOURS["0.6B"], device="meta")
+    model = Qwen3.build(FLAVOURS["0.6B"], device="meta")
     assert model.output.weight is model.tok_embeddings.weight
 
 
@@ -220,12 +213,12 @@ def _distributed_worker() -> None:
     tokens = random_tokens(batch=4, seq_len=16)
     failures = []
     for spec_name in ("tiny", "tiny-moe"):
-        reference = build_qwen3(FLAVOURS[spec_name], seed=0)
+        reference = Qwen3.build(FLAVOURS[spec_name], seed=0)
         reference_logits = reference(tokens)
         reference_logits.pow(2).mean().backward()
         reference_grads = {name: p.grad for name, p in reference.named_parameters()}
         for dim_names in layouts:
-            model = build_qwen3(FLAVOURS[spec_name], seed=0)  # same seed: identical weights on every rank
+            model = Qwen3.build(FLAVOURS[spec_name], seed=0)  # same seed: identical weights on every rank
             mesh = init_device_mesh("cpu", tuple(world // len(dim_names) for _ in dim_names), mesh_dim_names=dim_names)
             SPEC.parallelize(model, mesh, tp="tp" in dim_names, dp_shard="dp_shard" in dim_names)
             # Data parallel ranks take their slice of the batch; FSDP averages their gradients.

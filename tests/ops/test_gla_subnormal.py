@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from assay.kernels.gla.subnormal import SubnormalCheck, count_subnormal
-from assay.models.gla import FLAVOURS, build_gla
+from assay.models.gla import FLAVOURS, GLA
 from assay.ops import gla_chunk, gla_recurrent, gla_step
 
 HEADS, KEY_DIM, VALUE_DIM = 2, 32, 32
@@ -94,7 +94,7 @@ def test_a_state_whose_entries_would_decay_into_the_subnormal_range_is_flushed()
 def test_the_models_decode_step_on_strong_gates_makes_no_subnormal(gate_scale):
     # The tiny GLA with its gate projection scaled (logits of +-100: logsigmoid near 0 on one side, a wiped state
     # on the other): a prompt, decode steps, then one step under the check.
-    model = build_gla(replace(FLAVOURS["tiny"]), seed=0, std=0.2).eval()
+    model = GLA.build(replace(FLAVOURS["tiny"]), seed=0, std=0.2).eval()
     with torch.no_grad():
         for layer in model.layers:
             layer.attention.gk_up.weight.mul_(gate_scale * 8.0)

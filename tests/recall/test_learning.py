@@ -9,8 +9,9 @@ import json
 import torch
 
 from assay.core.numerics import rel_error, tolerance
-from assay.recall.models import ModelSize, build_model, matched_params, state_bytes
-from assay.recall.mqar import IGNORE_INDEX, MQARSpec, layout_for, make_batch
+from assay.recall.models import build_model, matched_params, state_bytes
+from assay.recall.mqar import IGNORE_INDEX, make_batch
+from assay.recall.shapes import ModelSize, MQARLayout, layout_for
 from assay.recall.train import RecallTrainRequest, train_recall
 from assay.train.trainer import next_token_loss
 
@@ -64,13 +65,13 @@ def test_attention_learns_mqar_and_the_initial_scale_sets_its_plateau(tmp_path):
 
 def test_gla_prefill_then_decode_gives_the_answers_of_one_pass():
     torch.manual_seed(0)
-    spec = MQARSpec(n_keys=64, n_values=64)
+    layout = MQARLayout(n_keys=64, n_values=64)
     # std 0.2 (the zoo's scale): logits far from ties, so comparing argmaxes is meaningful.
-    from assay.models.gla import build_gla
+    from assay.models.gla import GLA
     from assay.recall.models import model_args
 
-    model = build_gla(model_args("gla", ModelSize()), seed=0, std=0.2).eval()
-    inputs, labels = make_batch(spec, 96, [8, 8], seed=0, index=0)
+    model = GLA.build(model_args("gla", ModelSize()), seed=0, std=0.2).eval()
+    inputs, labels = make_batch(layout, 96, [8, 8], seed=0, index=0)
     split = 40  # prefill the first 40 tokens (pairs and the start of the queries), decode the rest one by one
     with torch.no_grad():
         one_pass = model(inputs)
@@ -96,11 +97,11 @@ def test_attention_learns_the_previous_token_lookup_mqar_needs():
     # measured 100% at step 200 (from 1/128 at the start). 300 steps leave margin; 95% is the bar.
     from dataclasses import replace
 
-    from assay.models.qwen3 import build_qwen3
+    from assay.models.qwen3 import Qwen3
     from assay.recall.models import model_args
 
     torch.manual_seed(0)
-    model = build_qwen3(replace(model_args("qwen3", ModelSize()), n_layers=1), seed=0)
+    model = Qwen3.build(replace(model_args("qwen3", ModelSize()), n_layers=1), seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
     generator = torch.Generator().manual_seed(0)
 

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from assay.core.errors import AssayError
-from assay.recall.mqar import IGNORE_INDEX, MQARBatches, MQARSpec, check_fits, evaluate, make_batch, score_predictions
+from assay.recall.mqar import IGNORE_INDEX, MQARBatches, check_fits, evaluate, make_batch, score_predictions
+from assay.recall.shapes import MQARLayout
 
-SPEC = MQARSpec(n_keys=64, n_values=64)
+SPEC = MQARLayout(n_keys=64, n_values=64)
 
 
-def _answers_by_reading(spec: MQARSpec, inputs: list[int], pairs: int) -> dict[int, int]:
+def _answers_by_reading(layout: MQARLayout, inputs: list[int], pairs: int) -> dict[int, int]:
     """Position -> expected value, from the tokens alone: the first `pairs` key-value pairs go into a dict;
     later, every key token is a query whose answer is the dict's value (independent of the generator's code)."""
     table = {}
@@ -21,9 +22,9 @@ def _answers_by_reading(spec: MQARSpec, inputs: list[int], pairs: int) -> dict[i
     for position, token in enumerate(inputs):
         if position < 2 * pairs:
             if position % 2 == 0:
-                assert spec.is_key(token), f"position {position} of the pair block holds {token}, not a key"
+                assert layout.is_key(token), f"position {position} of the pair block holds {token}, not a key"
                 table[token] = inputs[position + 1]
-        elif spec.is_key(token):
+        elif layout.is_key(token):
             answers[position] = table[token]
     return answers
 
@@ -92,16 +93,16 @@ def test_oracle_scores_100_percent():
 
 
 def test_uniform_random_predictor_scores_near_chance():
-    spec = MQARSpec(n_keys=64, n_values=16)  # chance 1/16 = 6.25%
+    layout = MQARLayout(n_keys=64, n_values=16)  # chance 1/16 = 6.25%
     generator = torch.Generator().manual_seed(0)
 
     def uniform(inputs):
-        return spec.first_value + torch.randint(0, spec.n_values, inputs.shape, generator=generator)
+        return layout.first_value + torch.randint(0, layout.n_values, inputs.shape, generator=generator)
 
-    score = evaluate(uniform, spec, 128, 16, examples=200, seed=0)
+    score = evaluate(uniform, layout, 128, 16, examples=200, seed=0)
     # 3,200 answers: binomial standard deviation sqrt(p(1-p)/n) = 0.43 points; 4 of them is the tolerance.
-    sigma = math.sqrt(spec.chance * (1 - spec.chance) / score.total)
-    assert abs(score.accuracy - spec.chance) < 4 * sigma
+    sigma = math.sqrt(layout.chance * (1 - layout.chance) / score.total)
+    assert abs(score.accuracy - layout.chance) < 4 * sigma
 
 
 def test_score_counts_only_answer_positions():
@@ -113,7 +114,7 @@ def test_score_counts_only_answer_positions():
     assert score_predictions(predicted, labels).accuracy == 0.0
 
 
-def _eliminating_predictor(spec: MQARSpec, pairs: int, seed: int):
+def _eliminating_predictor(layout: MQARLayout, pairs: int, seed: int):
     """Matches no key: at a query it guesses among the pair block's values not yet seen after the block.
     Any model that can tell "a value" from "a value already shown" can do this; it needs no recall."""
     generator = torch.Generator().manual_seed(seed)
@@ -125,7 +126,7 @@ def _eliminating_predictor(spec: MQARSpec, pairs: int, seed: int):
             for position in range(2 * pairs, len(tokens)):
                 if tokens[position] in left:  # a value shown in the query region is no longer a candidate
                     left.remove(tokens[position])
-                if spec.is_key(tokens[position]) and left:
+                if layout.is_key(tokens[position]) and left:
                     predicted[row, position] = left[int(torch.randint(0, len(left), (1,), generator=generator))]
         return predicted
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from assay.core.errors import AssayError
-from assay.recall.mqar import MQARSpec
+from assay.recall.shapes import MQARLayout
 from assay.recall.needle import NeedleRequest, first_digits, run_needle, text_prompt, token_prompt
 from assay.recall.report import plot_needle
 
@@ -50,7 +50,7 @@ def test_text_prompt_has_the_length_and_holds_the_fact(zoo_dir):
 
 
 def test_token_prompt_places_the_pair_at_the_depth():
-    layout = MQARSpec(n_keys=32, n_values=32)
+    layout = MQARLayout(n_keys=32, n_values=32)
     for depth, expected_at in ((0.0, 0), (1.0, 97)):
         prompt, value = token_prompt(layout, 100, depth, torch.Generator().manual_seed(1))
         assert len(prompt) == 100

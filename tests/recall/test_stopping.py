@@ -7,13 +7,13 @@ import pytest
 
 import json
 
-from assay.recall.models import ModelSize, matched_params, model_args, state_bytes
-from assay.recall.mqar import MQARSpec
+from assay.recall.models import matched_params, model_args, state_bytes
+from assay.recall.shapes import ModelSize, MQARLayout
 from assay.recall.sweep import RecallSweepRequest, sweep_points
 from assay.recall.train import DEFAULT_MAX_STEPS, RecallTrainRequest, train_recall
 
 # One pair: the only value in the sequence is the answer, so a model gets there in tens of steps.
-EASY = MQARSpec(n_keys=16, n_values=16)
+EASY = MQARLayout(n_keys=16, n_values=16)
 TINY = ModelSize(dim=32, n_heads=2, hidden_dim=64)
 
 
@@ -76,7 +76,7 @@ def test_sweep_points_grow_gla_state_at_matched_parameters():
     # The state formula at the 1,024-id vocabulary, four attention heads, no convolutions (whose window the
     # next test adds): one head at expand_k 1 holds 8x four heads at 0.5.
     request = RecallSweepRequest(out=None, widths=(32, 64), gla_states=((4, 0.5), (1, 1.0)), attention_heads=4, gla_short_conv=False,
-                                 layout=MQARSpec(n_keys=64, n_values=64))
+                                 layout=MQARLayout(n_keys=64, n_values=64))
     points = sweep_points(request)
     assert [(p.arch, p.size.dim) for p in points] == [("qwen3", 32), ("gla", 32), ("gla", 32), ("qwen3", 64), ("gla", 64), ("gla", 64)]
     for dim in (32, 64):

@@ -32,7 +32,7 @@ def _slot_model(name: str):
     args = replace(spec.flavours["tiny"], max_seq_len=128, **({"use_short_conv": True} if name == "gla_conv" else {}))
     model = spec.build(args, "cpu", torch.float32, seed=0)
     model.init_weights(std=0.1, generator=torch.Generator().manual_seed(0))
-    return spec.adapter_for(model.eval(), args)
+    return spec.wrap_slot_model(model.eval(), args)
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -254,7 +254,7 @@ def test_chunks_past_the_live_grain_read_only_the_positions_in_use_and_give_the_
     args = replace(spec.flavours["tiny"], max_seq_len=320)
     model = spec.build(args, "cpu", torch.float32, seed=0)
     model.init_weights(std=0.1, generator=torch.Generator().manual_seed(0))
-    slot_model = spec.adapter_for(model.eval(), args)
+    slot_model = spec.wrap_slot_model(model.eval(), args)
     prompts = _prompts(args.vocab_size, [200, 7])
     chunked_engine = Engine(slot_model, EngineConfig(max_seqs=2, buckets=(1, 2), eager=True, max_len=320, max_prefill_tokens=48))
     chunked, first = _run(chunked_engine, prompts, logprobs=5)

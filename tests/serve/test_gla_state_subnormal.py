@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from assay.kernels.gla.subnormal import count_subnormal
-from assay.models.gla import load_native_gla
+from assay.models.gla import SPEC
 from assay.serve import Engine, EngineConfig
 
 STEPS = 512
@@ -56,7 +56,7 @@ def test_slot_states_hold_no_subnormal_after_512_strong_gate_decode_steps(strong
 def test_the_scaled_checkpoint_has_strong_gates(strong_gla):
     # What the engine test relies on: in the first layer, on the prompt's tokens, a good part of the gates decay
     # by more than e^-2 per token (the zoo's own gates: about e^-0.05).
-    model, _ = load_native_gla(strong_gla)
+    model, _ = SPEC.load(strong_gla)
     attention = model.layers[0].attention
     with torch.no_grad():
         x = model.layers[0].attention_norm(model.tok_embeddings(torch.tensor([[5, 17, 300, 42, 9, 77, 610, 3]])))

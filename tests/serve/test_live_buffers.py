@@ -27,7 +27,7 @@ def _slot_model(name: str):
     args = replace(spec.flavours["tiny"], max_seq_len=MAX_LEN)
     model = spec.build(args, "cpu", torch.float32, seed=0)
     model.init_weights(std=0.1, generator=torch.Generator().manual_seed(0))
-    return spec.adapter_for(model.eval(), args)
+    return spec.wrap_slot_model(model.eval(), args)
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma3"])

@@ -70,7 +70,7 @@ def _newest_first(view: QueueView, config: EngineConfig):
 def _tiny_gla():
     spec = registry.get("gla")
     args = replace(spec.flavours["tiny"], max_seq_len=64)
-    return spec.adapter_for(spec.build(args, "cpu", torch.float32, seed=0).eval(), args)
+    return spec.wrap_slot_model(spec.build(args, "cpu", torch.float32, seed=0).eval(), args)
 
 
 @pytest.mark.parametrize("policy, order", [("short-first", ["a", "b", "c"]), ("newest-first", ["c", "b", "a"])])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from assay.core.errors import AssayError
-from assay.train.data import DataSpec, PackedBatches, load_texts, load_tokenizer, tokenize
+from assay.train.data import DataSource, PackedBatches, load_texts, load_tokenizer, tokenize
 
 DOCUMENTS = [f"Document number {i} talks about functions, classes and modules in Python." * 3 for i in range(40)]
 
@@ -66,7 +66,7 @@ def test_too_little_data_for_one_batch_is_rejected():
 
 
 def test_embedded_corpus_is_the_default(tokenizer):
-    texts = load_texts(DataSpec())
+    texts = load_texts(DataSource())
     tokens = tokenize(texts, tokenizer, vocab_size=1024)
     assert len(tokens) > 50_000 and int(tokens.max()) < 1024
     assert tokens[-1] == tokenizer.eos_token_id
@@ -90,7 +90,7 @@ def test_local_files_give_the_same_documents(tmp_path, tokenizer, suffix):
 
         pq.write_table(pa.table({"body": DOCUMENTS, "id": list(range(len(DOCUMENTS)))}), path)
         expected = DOCUMENTS
-    texts = load_texts(DataSpec(str(path), text_field="body"))
+    texts = load_texts(DataSource(str(path), text_field="body"))
     assert texts == expected
     tokens = tokenize(texts, tokenizer, vocab_size=1024)
     # each document, then the end-of-text token
@@ -101,18 +101,18 @@ def test_missing_text_field_names_the_fields_there(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text(json.dumps({"content": "hello"}) + "\n")
     with pytest.raises(AssayError, match=r"no field 'text' \(content\); pass --text-field"):
-        load_texts(DataSpec(str(path)))
+        load_texts(DataSource(str(path)))
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(AssayError, match="no such file"):
-        load_texts(DataSpec(str(tmp_path / "absent.jsonl")))
+        load_texts(DataSource(str(tmp_path / "absent.jsonl")))
 
 
 def test_datasets_name_offline_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(AssayError) as error:
-        load_texts(DataSpec("assay-test/no-such-dataset"))
+        load_texts(DataSource("assay-test/no-such-dataset"))
     message = str(error.value)
     assert message.startswith("cannot load dataset 'assay-test/no-such-dataset'") and "\n" not in message

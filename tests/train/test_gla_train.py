@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from assay.core.numerics import assert_close
-from assay.models.gla import load_native_gla
+from assay.models import registry
+from assay.models.gla import SPEC
 from assay.train import TrainRequest, train
-from assay.train.families import family_for
 
 STEPS, BATCH, SEQ_LEN = 3, 4, 64
 
 
 def test_gla_family_is_registered_by_model_type():
-    family = family_for("gla")
+    family = registry.for_model_type("gla")
     assert family.name == "gla" and "3B" in family.flavours and "tiny" in family.flavours
 
 
@@ -40,7 +40,7 @@ def test_pretrained_gla_passes_check_init_and_exports_to_fla_layout(train_zoo, t
                                 check_init=True, export_hf=out))
     assert result.check_init.weights_loaded, result.check_init.verdict
     assert result.check_init.loaded_loss < 0.7 * result.check_init.ln_vocab
-    exported, args = load_native_gla(out)
+    exported, args = SPEC.load(out)
     trained = result.model.model
     tokens = torch.randint(0, args.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

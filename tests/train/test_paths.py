@@ -14,7 +14,8 @@ import torch
 
 from assay.core.errors import AssayError
 from assay.core.numerics import assert_close
-from assay.train import FAMILIES, DataSpec, OptimConfig, TrainRequest, family_for, train
+from assay.models import registry
+from assay.train import DataSource, OptimConfig, TrainRequest, train
 
 STEPS = 4
 
@@ -38,7 +39,7 @@ def test_native_and_hf_give_the_same_losses_for_the_same_checkpoint(train_zoo, e
 def test_loss_falls_on_a_small_local_text(train_zoo, tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("A list is a mutable sequence; a tuple is an immutable one. " * 6)  # a few windows, seen again and again
-    request = TrainRequest(model=str(train_zoo / "qwen3"), steps=12, batch=2, seq_len=16, data=DataSpec(str(text)), optim=OptimConfig(lr=3e-3))
+    request = TrainRequest(model=str(train_zoo / "qwen3"), steps=12, batch=2, seq_len=16, data=DataSource(str(text)), optim=OptimConfig(lr=3e-3))
     result = train(request)
     assert result.losses[-1] < 0.7 * result.losses[0]
 
@@ -56,7 +57,7 @@ def test_every_step_record_has_the_design_fields(train_zoo):
 
 
 def test_moe_with_spec_and_sliced_experts_counts_only_active_experts(train_zoo):
-    result = train(TrainRequest(model=str(train_zoo / "qwen3-moe"), spec="layers=1,experts=4,top_k=2", slice_experts=True, steps=2, seq_len=32))
+    result = train(TrainRequest(model=str(train_zoo / "qwen3-moe"), overrides="layers=1,experts=4,top_k=2", allow_sliced_checkpoint=True, steps=2, seq_len=32))
     summary = result.summary
     args = result.model.args
     assert (args.n_layers, args.n_experts, args.top_k) == (1, 4, 2)
@@ -69,11 +70,11 @@ def test_moe_with_spec_and_sliced_experts_counts_only_active_experts(train_zoo):
 
 def test_a_spec_larger_than_the_checkpoint_is_a_clear_error(train_zoo):
     with pytest.raises(AssayError, match="spec asks for 16 experts but the checkpoint's MoE layers have 8"):
-        train(TrainRequest(model=str(train_zoo / "qwen3-moe"), spec="experts=16", steps=1))
+        train(TrainRequest(model=str(train_zoo / "qwen3-moe"), overrides="experts=16", steps=1))
 
 
 def test_flavour_builds_a_random_model_of_that_size(train_zoo):
-    result = train(TrainRequest(model=str(train_zoo / "qwen3"), flavour="tiny", spec="layers=1", steps=1, seq_len=32))
+    result = train(TrainRequest(model=str(train_zoo / "qwen3"), flavour="tiny", overrides="layers=1", steps=1, seq_len=32))
     assert result.model.args.n_layers == 1
     assert result.losses[0] == pytest.approx(math.log(1024), abs=0.1)  # random init at 0.02: near uniform
 
@@ -132,8 +133,8 @@ def test_kernels_need_the_native_path(train_zoo):
         train(TrainRequest(model=str(train_zoo / "qwen3"), path="hf", kernels=("rope",), steps=1))
 
 
-def test_families_are_keyed_by_model_type():
-    assert family_for("qwen3") is family_for("qwen3_moe") is FAMILIES["qwen3"]
-    assert family_for("llama") is family_for("mistral") and family_for("llama").name == "llama"
+def test_native_models_are_keyed_by_model_type(train_zoo):
+    assert registry.for_model_type("qwen3") is registry.for_model_type("qwen3_moe") is registry.get("qwen3")
+    assert registry.for_model_type("llama") is registry.for_model_type("mistral") and registry.for_model_type("llama").name == "llama"
     with pytest.raises(AssayError, match="no native model for model_type 'gpt2'.*--path hf"):
-        family_for("gpt2")
+        train(TrainRequest(model=str(train_zoo / "gpt2"), path="native", steps=1))

@@ -123,7 +123,7 @@ def test_inductor_compiled_blocks_have_no_graph_break_and_report_compile_time(tr
 
 
 def test_moe_experts_grouped_mm_gives_the_per_expert_loops_bits():
-    from assay.models.layers import GroupedExperts
+    from assay.models.common.feed_forward import GroupedExperts
 
     generator = torch.Generator().manual_seed(0)
     experts = GroupedExperts(8, 64, 32)  # the zoo MoE's experts

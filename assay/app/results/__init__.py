@@ -2,4 +2,4 @@
 status.py (statuses, colours, versions), cells.py (values as table cells), snapshot.py (the index
 read from the folder), listing.py (views, filters, search), query.py (links to a view),
 model_page.py (a model's page), analysis.py (compare, failure groups, chart numbers).
-assay.app.data re-exports the public names."""
+Callers import each name from its module."""

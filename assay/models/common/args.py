@@ -83,12 +83,12 @@ class ModelArgs:
     @classmethod
     def parse_overrides(cls, text: str) -> dict[str, Any]:
         """ "layers=4,heads=2" -> {"n_layers": 4, "n_heads": 2}; AssayError on a bad item."""
-        return overrides.parse_spec_overrides(text, cls, cls.ALIASES, cls.FAMILY)
+        return overrides.parse_overrides(text, cls, cls.ALIASES, cls.FAMILY)
 
     @classmethod
     def resolve_overrides(cls, given: str | Mapping[str, Any]) -> dict[str, Any]:
         """Overrides as a CLI string or a mapping (aliases allowed) -> {field name: value}."""
-        return overrides.resolve_spec_overrides(given, cls, cls.ALIASES, cls.FAMILY)
+        return overrides.resolve_overrides(given, cls, cls.ALIASES, cls.FAMILY)
 
     def with_overrides(self, given: str | Mapping[str, Any] | None):
         """`dataclasses.replace` with overrides given as a CLI string or a mapping; None: self."""

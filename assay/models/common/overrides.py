@@ -1,4 +1,4 @@
-"""Spec overrides from a command line, for any model's args dataclass: "layers=4,heads=2" -> replace().
+"""Overrides of any model's args dataclass from a command line (the --spec flag): "layers=4,heads=2" -> replace().
 
 The args bases (assay.models.common.args: ModelArgs.parse_overrides / with_overrides) call these with
 the class's alias map ("layers" -> "n_layers") and family name.
@@ -17,9 +17,9 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _field_types(spec_type: type) -> dict[str, str]:
+def _field_types(args_type: type) -> dict[str, str]:
     # The args modules use `from __future__ import annotations`: a field's type is its annotation text.
-    return {f.name: f.type for f in fields(spec_type)}
+    return {f.name: f.type for f in fields(args_type)}
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -39,7 +39,7 @@ def _split_top_level(text: str) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
-def _parse_value(spec_type: type, field_name: str, kind: str, raw: str) -> Any:
+def _parse_value(args_type: type, field_name: str, kind: str, raw: str) -> Any:
     text = raw.strip()
     try:
         if kind == "bool":
@@ -61,12 +61,12 @@ def _parse_value(spec_type: type, field_name: str, kind: str, raw: str) -> Any:
             return tuple(int(part) for part in re.split(r"[,;\s]+", inner) if part)
     except ValueError:
         raise AssayError(f"spec override {field_name}={raw!r}: not a valid {kind}") from None
-    raise AssertionError(f"{spec_type.__name__} field {field_name} has a type ({kind}) the override parser does not know")
+    raise AssertionError(f"{args_type.__name__} field {field_name} has a type ({kind}) the override parser does not know")
 
 
-def parse_spec_overrides(text: str, spec_type: type, aliases: Mapping[str, str], family: str) -> dict[str, Any]:
-    """ "layers=4,heads=2" -> {"n_layers": 4, "n_heads": 2} for spec_type's fields; AssayError on a bad item."""
-    field_types = _field_types(spec_type)
+def parse_overrides(text: str, args_type: type, aliases: Mapping[str, str], family: str) -> dict[str, Any]:
+    """ "layers=4,heads=2" -> {"n_layers": 4, "n_heads": 2} for args_type's fields; AssayError on a bad item."""
+    field_types = _field_types(args_type)
     overrides: dict[str, Any] = {}
     for item in _split_top_level(text):
         if "=" not in item:
@@ -76,17 +76,17 @@ def parse_spec_overrides(text: str, spec_type: type, aliases: Mapping[str, str],
         if field_name not in field_types:
             known = sorted(set(field_types) | set(aliases))
             raise AssayError(f"spec override {name!r} is not a {family} field; known: {', '.join(known)}")
-        overrides[field_name] = _parse_value(spec_type, field_name, field_types[field_name], raw)
+        overrides[field_name] = _parse_value(args_type, field_name, field_types[field_name], raw)
     return overrides
 
 
-def resolve_spec_overrides(
-    overrides: str | Mapping[str, Any], spec_type: type, aliases: Mapping[str, str], family: str
+def resolve_overrides(
+    overrides: str | Mapping[str, Any], args_type: type, aliases: Mapping[str, str], family: str
 ) -> dict[str, Any]:
     """Overrides given as a CLI string or a mapping (aliases allowed) -> {field name: value}."""
     if isinstance(overrides, str):
-        return parse_spec_overrides(overrides, spec_type, aliases, family)
-    field_types = _field_types(spec_type)
+        return parse_overrides(overrides, args_type, aliases, family)
+    field_types = _field_types(args_type)
     resolved = {}
     for name, value in overrides.items():
         field_name = aliases.get(name, name)

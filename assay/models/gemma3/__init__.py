@@ -1,5 +1,5 @@
 """The native Gemma 3 (text, Gemma3ForCausalLM): flavours and its registry entry. The worked example of
-docs/architectures.md ("adding an architecture").
+docs/architecture.md ("Adding an architecture").
 
     FLAVOURS["1B"]                                     a size, as data
     model, args = SPEC.load("ckpt/")                   a Transformers gemma3_text folder
@@ -13,7 +13,7 @@ from dataclasses import replace
 from assay.models.gemma3.args import FULL, SLIDING, Gemma3Args, pattern_layer_types
 from assay.models.gemma3.model import Gemma3
 from assay.models.gemma3.parallelize import tp_plan, tp_sizes
-from assay.models.gemma3.state_dict_adapter import Gemma3StateDictAdapter
+from assay.models.gemma3.key_map import Gemma3KeyMap
 from assay.models.registry import ArchSpec, register
 from assay.models.slots import KV_CACHE
 
@@ -37,7 +37,7 @@ SPEC = register(ArchSpec(
     model_types=Gemma3Args.HF_MODEL_TYPES,
     args_cls=Gemma3Args,
     model_cls=Gemma3,
-    adapter_cls=Gemma3StateDictAdapter,
+    key_map_cls=Gemma3KeyMap,
     tp_plan=tp_plan,
     tp_sizes=tp_sizes,
     cache=KV_CACHE,

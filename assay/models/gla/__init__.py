@@ -1,9 +1,9 @@
 """The native GLA causal LM: flavours, loading from / exporting to fla-layout checkpoints, state size.
 
     FLAVOURS["3B"]                                        the reference design's size, as data
-    model, args = load_native_gla("zoo/gla")              a config.json + model.safetensors in fla's layout
+    model, args = SPEC.load("zoo/gla")                    a config.json + model.safetensors in fla's layout
     logits, state = model.prefill(tokens); logits, state = model.decode_step(next_tokens, state)
-    export_hf(model, args, "out/", tokenizer_source_dir="zoo/gla")
+    SPEC.export_hf(model, args, "out/", tokenizer_source_dir="zoo/gla")   fla's layout: GLAForCausalLM's key names
     state_bytes_per_sequence(FLAVOURS["3B"])               28,311,552: the same at 10 tokens or 100,000
 """
 
@@ -13,11 +13,10 @@ from dataclasses import replace
 
 import torch
 
-from assay.models.common.counting import ParamCounts, count_parameters
-from assay.models.gla.args import HF_MODEL_TYPE, GLAArgs, fla_intermediate_size
-from assay.models.gla.model import GLA, State
+from assay.models.gla.args import HF_MODEL_TYPE, GLAArgs
+from assay.models.gla.model import GLA
 from assay.models.gla.parallelize import tp_plan, tp_sizes
-from assay.models.gla.state_dict_adapter import GLAStateDictAdapter, from_hf, to_hf
+from assay.models.gla.key_map import GLAKeyMap
 from assay.models.registry import ArchSpec, register
 from assay.models.slots import FIXED_STATE, state_bytes
 
@@ -59,7 +58,7 @@ SPEC = register(ArchSpec(
     model_types=(HF_MODEL_TYPE,),
     args_cls=GLAArgs,
     model_cls=GLA,
-    adapter_cls=GLAStateDictAdapter,
+    key_map_cls=GLAKeyMap,
     tp_plan=tp_plan,
     tp_sizes=tp_sizes,
     cache=FIXED_STATE,
@@ -68,13 +67,4 @@ SPEC = register(ArchSpec(
     args_for_size=args_for_size,
 ))
 
-# The entry's functions under the names callers import from this package (export_hf writes fla's layout:
-# GLAForCausalLM's key names, config.json model_type "gla").
-flavour, build_gla, load_native_gla, export_hf = SPEC.flavour, GLA.build, SPEC.load, SPEC.export_hf
-parse_spec_overrides, apply_spec_overrides = GLAArgs.parse_overrides, SPEC.apply_spec
-
-__all__ = [
-    "FLAVOURS", "SPEC", "GLA", "GLAArgs", "ParamCounts", "State", "apply_spec_overrides", "build_gla", "count_parameters",
-    "export_hf", "fla_intermediate_size", "flavour", "from_hf", "load_native_gla", "parse_spec_overrides",
-    "state_bytes_per_sequence", "to_hf",
-]
+__all__ = ["FLAVOURS", "SPEC", "GLA", "GLAArgs", "state_bytes_per_sequence"]

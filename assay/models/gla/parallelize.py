@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from assay.models.common.tp_plan import TP, attention_plan, check_tp_sizes, mlp_plan
+from assay.models.common.tp_plan import TP, attention_plan, mlp_plan
 from assay.models.gla.args import GLAArgs
 
 
@@ -33,17 +33,4 @@ def tp_sizes(args: GLAArgs) -> dict[str, int]:
     return {"n_heads": args.n_heads, "hidden_dim": args.hidden_dim}
 
 
-def check_tp_divisible(args: GLAArgs, tp_size: int) -> None:
-    if tp_size > 1:
-        check_tp_sizes(tp_sizes(args), tp_size)
-
-
-def parallelize_gla(model: nn.Module, mesh, tp: bool, dp_shard: bool, **fsdp) -> nn.Module:
-    """TP over mesh["tp"] (if tp), then FSDP2 over mesh["dp_shard"] (if dp_shard); in place. Training and
-    prefill only: decode_step calls blocks' step(), which FSDP's forward hooks do not see."""
-    from assay.models.parallel import parallelize_model
-
-    return parallelize_model(model, mesh, tp, dp_shard, tp_plan, tp_sizes, **fsdp)
-
-
-__all__ = ["check_tp_divisible", "parallelize_gla", "tp_plan", "tp_sizes"]
+__all__ = ["tp_plan", "tp_sizes"]

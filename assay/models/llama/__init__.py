@@ -1,19 +1,18 @@
-"""The native Llama (Llama 2/3, SmolLM2, Mistral-dense): flavours and its registry entry. The worked
-example of docs/architecture.md, with gemma3/ (docs/architectures.md).
+"""The native Llama (Llama 2/3, SmolLM2, Mistral-dense): flavours and its registry entry. A worked
+example of docs/architecture.md, with gemma3/.
 
     FLAVOURS["SmolLM2-135M"]                              a size, as data
-    model, args = load_native_llama("ckpt/")              any Transformers Llama folder: safetensors single
+    model, args = SPEC.load("ckpt/")                      any Transformers Llama folder: safetensors single
                                                           or sharded, tied or untied, no `architectures` needed
-    export_hf(model, args, "out/", tokenizer_source_dir="ckpt/")
+    SPEC.export_hf(model, args, "out/", tokenizer_source_dir="ckpt/")
 """
 
 from __future__ import annotations
 
-from assay.models.common.counting import count_parameters
 from assay.models.llama.args import HF_MODEL_TYPES, LlamaArgs
 from assay.models.llama.model import Llama
 from assay.models.llama.parallelize import tp_plan, tp_sizes
-from assay.models.llama.state_dict_adapter import LlamaStateDictAdapter, from_hf, to_hf
+from assay.models.llama.key_map import LlamaKeyMap
 from assay.models.registry import ArchSpec, register
 from assay.models.slots import KV_CACHE
 
@@ -43,7 +42,7 @@ SPEC = register(ArchSpec(
     model_types=HF_MODEL_TYPES,
     args_cls=LlamaArgs,
     model_cls=Llama,
-    adapter_cls=LlamaStateDictAdapter,
+    key_map_cls=LlamaKeyMap,
     tp_plan=tp_plan,
     tp_sizes=tp_sizes,
     cache=KV_CACHE,
@@ -52,11 +51,4 @@ SPEC = register(ArchSpec(
     args_for_size=LlamaArgs.for_size,
 ))
 
-# The entry's functions under the names callers import from this package.
-flavour, build_llama, load_native_llama, export_hf = SPEC.flavour, Llama.build, SPEC.load, SPEC.export_hf
-parse_spec_overrides, apply_spec_overrides = LlamaArgs.parse_overrides, SPEC.apply_spec
-
-__all__ = [
-    "FLAVOURS", "SPEC", "Llama", "LlamaArgs", "apply_spec_overrides", "build_llama", "count_parameters", "export_hf",
-    "flavour", "from_hf", "load_native_llama", "parse_spec_overrides", "to_hf",
-]
+__all__ = ["FLAVOURS", "SPEC", "Llama", "LlamaArgs"]

@@ -1,6 +1,6 @@
 """LlamaArgs: every size and switch of the native Llama (Llama 2/3, SmolLM2, Mistral-dense), with defaults.
 
-Sizes are data: a flavour is one LlamaArgs, an override is `dataclasses.replace`. The same spec converts
+Sizes are data: a flavour is one LlamaArgs, an override is `dataclasses.replace`. The same args convert
 to and from a Transformers LlamaConfig, so a checkpoint's config.json decides the architecture and an
 export reloads with AutoModelForCausalLM. Mistral's config (model_type "mistral") is the same layout
 when its sliding window does not bind; the export writes the model_type it was read from.

@@ -2,7 +2,7 @@
 (assay.models.common) do the rest: Attention without q/k norms and with optional projection biases, the
 SwiGLU MLP (optional biases), TransformerBlock's pre-norm wiring, RotaryDecoder's root (rotary table with
 Llama 3's frequency scaling, tied or untied head, KV-cache decoding). Weights are interchangeable with
-Transformers' LlamaForCausalLM through state_dict_adapter.py, and float32 logits agree to rounding.
+Transformers' LlamaForCausalLM through key_map.py, and float32 logits agree to rounding.
 
 Kernel seams (a replacement registry swaps modules by name, never code in this file):
   layers.{i}.attention.rope      RotaryEmbedding   (q, k, cos, sin) -> (q, k), [B, T, H, D]

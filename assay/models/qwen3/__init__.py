@@ -2,19 +2,18 @@
 
     FLAVOURS["4B"]                                   a size, as data
     replace(FLAVOURS["32B"], dim=2560, n_layers=36, n_heads=32, hidden_dim=9728)   the guide's 4B
-    model, args = load_native_qwen3("ckpt/", "layers=4,experts=64", slice_experts=True)
-    export_hf(model, args, "out/", tokenizer_source_dir="ckpt/")
+    model, args = SPEC.load("ckpt/", "layers=4,experts=64", allow_sliced_checkpoint=True)
+    SPEC.export_hf(model, args, "out/", tokenizer_source_dir="ckpt/")
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from assay.models.common.counting import ParamCounts, count_parameters
 from assay.models.qwen3.args import HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE, Qwen3Args
 from assay.models.qwen3.model import Qwen3
 from assay.models.qwen3.parallelize import tp_plan, tp_sizes
-from assay.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter, from_hf, to_hf
+from assay.models.qwen3.key_map import Qwen3KeyMap
 from assay.models.registry import ArchSpec, register
 from assay.models.slots import KV_CACHE
 
@@ -51,7 +50,7 @@ SPEC = register(ArchSpec(
     model_types=(HF_DENSE_MODEL_TYPE, HF_MOE_MODEL_TYPE),
     args_cls=Qwen3Args,
     model_cls=Qwen3,
-    adapter_cls=Qwen3StateDictAdapter,
+    key_map_cls=Qwen3KeyMap,
     tp_plan=tp_plan,
     tp_sizes=tp_sizes,
     cache=KV_CACHE,
@@ -60,11 +59,4 @@ SPEC = register(ArchSpec(
     args_for_size=Qwen3Args.for_size,
 ))
 
-# The entry's functions under the names callers import from this package.
-flavour, build_qwen3, load_native_qwen3, export_hf = SPEC.flavour, Qwen3.build, SPEC.load, SPEC.export_hf
-parse_spec_overrides, apply_spec_overrides = Qwen3Args.parse_overrides, SPEC.apply_spec
-
-__all__ = [
-    "FLAVOURS", "SPEC", "ParamCounts", "Qwen3", "Qwen3Args", "apply_spec_overrides", "build_qwen3", "count_parameters",
-    "export_hf", "flavour", "from_hf", "load_native_qwen3", "parse_spec_overrides", "to_hf",
-]
+__all__ = ["FLAVOURS", "SPEC", "Qwen3", "Qwen3Args"]

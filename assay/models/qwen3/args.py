@@ -1,7 +1,7 @@
 """Qwen3Args: every size and switch of the native Qwen3 (dense and mixture-of-experts), with defaults.
 
-Sizes are data: a flavour is one Qwen3Args, an override is `dataclasses.replace`. The same spec
-converts to and from a Transformers config (Qwen3Config / Qwen3MoeConfig) so a checkpoint's
+Sizes are data: a flavour is one Qwen3Args, an override is `dataclasses.replace`. The same args
+convert to and from a Transformers config (Qwen3Config / Qwen3MoeConfig) so a checkpoint's
 config.json decides the architecture and an export reloads with AutoModelForCausalLM.
 """
 

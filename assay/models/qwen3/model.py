@@ -3,7 +3,7 @@ RMSNorm and no biases, the SwiGLU MLP or the MoE (router + grouped experts) per 
 wiring and RotaryDecoder's root are the shared layers (assay.models.common).
 
 Weights are interchangeable with Transformers' Qwen3ForCausalLM / Qwen3MoeForCausalLM through
-state_dict_adapter.py: the rotary uses HF's rotate-half convention and every normalisation and
+key_map.py: the rotary uses HF's rotate-half convention and every normalisation and
 routing step runs in the same dtype order as Transformers, so float32 logits agree to rounding.
 
 Kernel seams: a replacement registry swaps modules by name, never code in this file.

@@ -68,7 +68,7 @@ def load_slot_model(folder: str | os.PathLike, device: torch.device, max_len: in
     if spec is None:
         raise AssayError(f"{folder}: model_type {model_type!r} is not served (served: {', '.join(sorted(registry.model_types()))})")
     wanted = weight_dtype(dtype)
-    slot_model = spec.serving_adapter(path, device, max_len)
+    slot_model = spec.load_slot_model(path, device, max_len)
     return slot_model if wanted == torch.float32 else cast_weights(slot_model, wanted)
 
 

@@ -1,5 +1,5 @@
 """The key map between the native Qwen3 and Transformers' Qwen3 / Qwen3-MoE checkpoints, plus the one
-tensor reshape (stacking experts). The loops are KeyMapAdapter's; this file overrides its expert hooks.
+tensor reshape (stacking experts). The loops are KeyMap's; this file overrides its expert hooks.
 
 MoE experts on disk. The published Qwen3-MoE checkpoints store one tensor per expert,
 `model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight`, and the router as
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from assay.core.errors import AssayError
-from assay.models.common.state_dict_adapter import HF_ATTENTION_KEYS, HF_MLP_KEYS, HF_QK_NORM_KEYS, KeyMapAdapter, Reading
+from assay.models.common.key_map import HF_ATTENTION_KEYS, HF_MLP_KEYS, HF_QK_NORM_KEYS, KeyMap, Reading
 from assay.models.qwen3.args import Qwen3Args
 
 # Stacked native expert tensor -> the per-expert HF projection it is made of.
@@ -26,7 +26,7 @@ _HF_EXPERT_KEY = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj
 _HF_FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
-class Qwen3StateDictAdapter(KeyMapAdapter):
+class Qwen3KeyMap(KeyMap):
     FAMILY = "Qwen3"
     PER_LAYER = {
         "attention_norm.weight": "input_layernorm.weight",
@@ -60,7 +60,7 @@ class Qwen3StateDictAdapter(KeyMapAdapter):
             stacked = _stacked_expert(reading, prefix, _EXPERT_PROJ[rest], args.n_experts, args.moe_hidden_dim)
             if stacked is not None:
                 reading.native[native_key] = stacked
-            # All expert tensors of a kept MoE layer count as used: experts beyond the spec were sliced off on purpose.
+            # All expert tensors of a kept MoE layer count as used: experts beyond the args were sliced off on purpose.
             reading.consumed.update(key for key in reading.source.keys() if key.startswith(prefix) and _is_expert_or_fused(key[len(prefix):]))
             return
         super().read_layer(reading, layer_id, rest)
@@ -103,12 +103,4 @@ def _is_expert_or_fused(rest: str) -> bool:
     return bool(_HF_EXPERT_KEY.match(rest)) or rest in _HF_FUSED
 
 
-def to_hf(state_dict: Mapping[str, torch.Tensor], args: Qwen3Args) -> dict[str, torch.Tensor]:
-    return Qwen3StateDictAdapter(args).to_hf(state_dict)
-
-
-def from_hf(hf_state_dict: Mapping[str, torch.Tensor], args: Qwen3Args, slice_experts: bool = False) -> dict[str, torch.Tensor]:
-    return Qwen3StateDictAdapter(args).from_hf(hf_state_dict, slice_experts)
-
-
-__all__ = ["Qwen3StateDictAdapter", "from_hf", "to_hf"]
+__all__ = ["Qwen3KeyMap"]

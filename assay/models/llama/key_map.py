@@ -1,18 +1,14 @@
 """The key map between the native Llama and Transformers' LlamaForCausalLM (and MistralForCausalLM)
-checkpoints. Renames only: every tensor keeps its shape. The loops are KeyMapAdapter's.
+checkpoints. Renames only: every tensor keeps its shape. The loops are KeyMap's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import torch
-
-from assay.models.common.state_dict_adapter import HF_ATTENTION_KEYS, HF_MLP_KEYS, KeyMapAdapter
+from assay.models.common.key_map import HF_ATTENTION_KEYS, HF_MLP_KEYS, KeyMap
 from assay.models.llama.args import LlamaArgs
 
 
-class LlamaStateDictAdapter(KeyMapAdapter):
+class LlamaKeyMap(KeyMap):
     FAMILY = "Llama"
     PER_LAYER = {
         "attention_norm.weight": "input_layernorm.weight",
@@ -25,11 +21,3 @@ class LlamaStateDictAdapter(KeyMapAdapter):
         args: LlamaArgs = self.args
         has_bias = {"attention": args.attention_bias, "mlp": args.mlp_bias}
         return [key for key in self.PER_LAYER if not key.endswith(".bias") or has_bias[key.split(".")[0]]]
-
-
-def to_hf(state_dict: Mapping[str, torch.Tensor], args: LlamaArgs) -> dict[str, torch.Tensor]:
-    return LlamaStateDictAdapter(args).to_hf(state_dict)
-
-
-def from_hf(hf_state_dict: Mapping[str, torch.Tensor], args: LlamaArgs, slice_layers: bool = False) -> dict[str, torch.Tensor]:
-    return LlamaStateDictAdapter(args).from_hf(hf_state_dict, slice_layers)

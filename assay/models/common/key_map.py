@@ -1,17 +1,17 @@
-"""The state-dict adapter base (torchtitan's StateDictAdapter, with a declarative key map): the key loop
-between a native model's state dict and its checkpoint's, written once.
+"""The key map base (torchtitan's StateDictAdapter, made declarative): the key loop between a native
+model's state dict and its checkpoint's, written once.
 
-An architecture's adapter declares
+An architecture's key map declares
   TOP_LEVEL   native key -> checkpoint key for the embedding, final norm and output head
   PER_LAYER   native key after `layers.{i}.` -> checkpoint key after `model.layers.{i}.`
 and overrides hooks only where it differs: `layer_keys` (the keys one block has for these args),
 `hf_names` (a key stored under other names too), `layer_to_hf` / `read_layer` (tensors that are not
-a rename: Qwen3's stacked experts), `reductions` (what a smaller spec drops).
+a rename: Qwen3's stacked experts), `reductions` (what smaller args drop).
 
 to_hf: native -> checkpoint names (views, no copies); lm_head dropped when tied; a native key with no
-checkpoint name is an AssayError. from_hf: reads only the tensors the spec needs (the source may be
+checkpoint name is an AssayError. from_hf: reads only the tensors the args need (the source may be
 lazy), a tied checkpoint's stray lm_head accepted; every missing and every unused tensor is named.
-A spec with fewer layers than the checkpoint loads only when slicing was asked for (--slice-experts).
+Args with fewer layers than the checkpoint load only when slicing was asked for (--allow-sliced-checkpoint).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Reading:
         return False
 
 
-class KeyMapAdapter:
+class KeyMap:
     FAMILY: ClassVar[str] = "model"  # for messages: "Llama", "Qwen3", "GLA"
     SOURCE: ClassVar[str] = "Transformers"  # whose names the checkpoint uses: "Transformers", "fla"
     TOP_LEVEL: ClassVar[Mapping[str, str]] = {
@@ -111,7 +111,7 @@ class KeyMapAdapter:
         reading.take(f"layers.{layer_id}.{rest}", *(prefix + name for name in self.hf_names(rest)))
 
     def reductions(self, hf_state_dict: Mapping[str, torch.Tensor]) -> list[str]:
-        """What the spec keeps of a larger checkpoint ("2 of its 4 layers"); AssayError when the checkpoint
+        """What the args keep of a larger checkpoint ("2 of its 4 layers"); AssayError when the checkpoint
         is smaller than the spec."""
         in_checkpoint = checkpoint_layers(hf_state_dict.keys())
         if in_checkpoint < self.args.n_layers:
@@ -139,15 +139,15 @@ class KeyMapAdapter:
             raise AssayError(f"native {self.FAMILY} state dict has keys with no {self.SOURCE} name: {few(unknown)}")
         return hf
 
-    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], slice_layers: bool = False) -> dict[str, torch.Tensor]:
-        """Checkpoint state dict (may be lazy: only the tensors the spec needs are read) -> native keys.
+    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], allow_sliced_checkpoint: bool = False) -> dict[str, torch.Tensor]:
+        """Checkpoint state dict (may be lazy: only the tensors the args need are read) -> native keys.
 
-        A spec smaller than the checkpoint (fewer layers, or fewer experts) loads only with slice_layers=True.
+        Args smaller than the checkpoint (fewer layers, or fewer experts) load only with allow_sliced_checkpoint=True.
         """
         reduced = self.reductions(hf_state_dict)
-        if reduced and not slice_layers:
+        if reduced and not allow_sliced_checkpoint:
             raise AssayError("the spec is smaller than the checkpoint: it keeps only the first " + " and ".join(reduced)
-                             + "; pass slice_experts=True (--slice-experts) to load a sliced copy on purpose")
+                             + "; pass allow_sliced_checkpoint=True (--allow-sliced-checkpoint) to load a sliced copy on purpose")
         reading = Reading(hf_state_dict)
         reading.take("tok_embeddings.weight", self.TOP_LEVEL["tok_embeddings.weight"])
         reading.take("norm.weight", self.TOP_LEVEL["norm.weight"])
@@ -166,7 +166,7 @@ class KeyMapAdapter:
         unexpected = [
             key for key in hf_state_dict.keys()
             if key not in reading.consumed and not key.endswith(self.IGNORED_HF_SUFFIXES)
-            and not (slice_layers and (layer_of(key) or 0) >= self.args.n_layers)
+            and not (allow_sliced_checkpoint and (layer_of(key) or 0) >= self.args.n_layers)
         ]
         if unexpected:
             raise AssayError(f"checkpoint has {len(unexpected)} tensors the {self.FAMILY} spec does not use: {few(unexpected)}")

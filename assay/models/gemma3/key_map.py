@@ -1,15 +1,15 @@
 """The key map between the native Gemma 3 and Transformers' Gemma3ForCausalLM checkpoints (the loops are
-KeyMapAdapter's). Renames only. The four norms of a block: input_layernorm (before attention),
+KeyMap's). Renames only. The four norms of a block: input_layernorm (before attention),
 post_attention_layernorm (on attention's output), pre_feedforward_layernorm, post_feedforward_layernorm.
 """
 
 from __future__ import annotations
 
-from assay.models.common.state_dict_adapter import HF_ATTENTION_KEYS, HF_MLP_KEYS, HF_QK_NORM_KEYS, KeyMapAdapter
+from assay.models.common.key_map import HF_ATTENTION_KEYS, HF_MLP_KEYS, HF_QK_NORM_KEYS, KeyMap
 from assay.models.gemma3.args import Gemma3Args
 
 
-class Gemma3StateDictAdapter(KeyMapAdapter):
+class Gemma3KeyMap(KeyMap):
     FAMILY = "Gemma 3"
     PER_LAYER = {
         "attention_norm.weight": "input_layernorm.weight",

@@ -1,4 +1,4 @@
-"""The key map between the native GLA and fla's GLAForCausalLM checkpoints (the loops are KeyMapAdapter's).
+"""The key map between the native GLA and fla's GLAForCausalLM checkpoints (the loops are KeyMap's).
 
 fla's names (fla/models/gla/modeling_gla.py, fla/layers/gla.py, fla/modules/mlp.py):
   model.embeddings.weight, model.norm.weight, lm_head.weight (absent when tied)
@@ -13,20 +13,16 @@ Every tensor keeps its shape: nn.Linear weights are [out, in] on both sides.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import torch
-
-from assay.models.common.state_dict_adapter import KeyMapAdapter
+from assay.models.common.key_map import KeyMap
 from assay.models.gla.args import GLAArgs
 
 _FUSED_NORM_NAME = "attn.g_norm_swish_gate.weight"
 
 
-class GLAStateDictAdapter(KeyMapAdapter):
+class GLAKeyMap(KeyMap):
     FAMILY = "GLA"
     SOURCE = "fla"
-    TOP_LEVEL = {**KeyMapAdapter.TOP_LEVEL, "tok_embeddings.weight": "model.embeddings.weight"}
+    TOP_LEVEL = {**KeyMap.TOP_LEVEL, "tok_embeddings.weight": "model.embeddings.weight"}
     PER_LAYER = {
         "attention_norm.weight": "attn_norm.weight",
         "ffn_norm.weight": "mlp_norm.weight",
@@ -60,11 +56,3 @@ class GLAStateDictAdapter(KeyMapAdapter):
         if rest == "attention.out_norm.weight":
             return (_FUSED_NORM_NAME, self.PER_LAYER[rest]) if self.args.fuse_norm else (self.PER_LAYER[rest], _FUSED_NORM_NAME)
         return super().hf_names(rest)
-
-
-def to_hf(state_dict: Mapping[str, torch.Tensor], args: GLAArgs) -> dict[str, torch.Tensor]:
-    return GLAStateDictAdapter(args).to_hf(state_dict)
-
-
-def from_hf(hf_state_dict: Mapping[str, torch.Tensor], args: GLAArgs, slice_layers: bool = False) -> dict[str, torch.Tensor]:
-    return GLAStateDictAdapter(args).from_hf(hf_state_dict, slice_layers)

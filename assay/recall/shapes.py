@@ -1,6 +1,6 @@
 """What a recall run is made of, without torch: the architectures compared, a model's size, the MQAR
 token layout. `assay recall train` checks a request against these before importing torch, so a
-wrong flag answers at once; models.py and mqar.py build on them (and re-export them)."""
+wrong flag answers at once; models.py and mqar.py build on them."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class ModelSize:
 
 
 @dataclass(frozen=True)
-class MQARSpec:
+class MQARLayout:
     """Where keys, values and filler live in the vocabulary. The defaults fit the zoo tokenizer's 1,024
     ids: specials and a margin below 64, then 256 keys, 256 values, and the rest filler."""
 
@@ -75,15 +75,15 @@ class MQARSpec:
 ZOO_VOCAB = 1024  # the zoo tokenizer's ids: the default vocabulary of a recall model
 
 
-def layout_for(keys: int, filler: int | None = None) -> MQARSpec:
+def layout_for(keys: int, filler: int | None = None) -> MQARLayout:
     """`keys` keys and as many values; `filler` filler ids (None: the rest of the zoo's 1,024 ids).
 
     The model's vocabulary is the layout's (recall.train): a compact one (e.g. 64 filler ids) shrinks the
     output head, which is most of a tiny model's step: only values are ever scored.
     """
-    base = MQARSpec(n_keys=keys, n_values=keys)
+    base = MQARLayout(n_keys=keys, n_values=keys)
     if filler is None:
         return base
     if filler < 1:
         raise AssayError(f"--filler must be >= 1 (got {filler})")
-    return MQARSpec(vocab_size=base.first_filler + filler, n_keys=keys, n_values=keys)
+    return MQARLayout(vocab_size=base.first_filler + filler, n_keys=keys, n_values=keys)
