@@ -74,7 +74,7 @@ class ArchSpec:
     # tensor parallelism must divide (AssayError for what cannot be split at all)
     tp_plan: Callable[[nn.Module, Any], Mapping[str, Any]]
     tp_sizes: Callable[[Any], Mapping[str, int]]
-    # decoding: how a sequence's history is kept (a growing KV cache or a fixed state), its slot adapter, its bytes
+    # decoding: how a sequence's history is kept (a growing KV cache or a fixed state), its slot model, its bytes
     cache: DecodeMemory
     # kernel name -> module-name pattern of the modules it replaces in this architecture
     kernel_targets: Mapping[str, str]

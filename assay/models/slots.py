@@ -278,7 +278,7 @@ def state_bytes(args: Any, seq_len: int, dtype: torch.dtype) -> int:
 
 @dataclass(frozen=True)
 class DecodeMemory:
-    """How an architecture keeps a sequence's history while decoding: its kind, the slot adapter that holds it,
+    """How an architecture keeps a sequence's history while decoding: its kind, the slot model that holds it,
     and its bytes per sequence."""
 
     kind: str  # "kv_cache" (grows with the sequence) or "state" (fixed size)

@@ -11,7 +11,7 @@ Prompts are exactly `length` tokens. Depth 0 puts the needle first, 1 right befo
 
 How each model answers:
   a registered architecture (GLA, Qwen3, Llama: assay.models.registry)
-                          its slot adapter, as the serving engine runs it: prefill(prompt[:-1]) into one
+                          its slot model, as the serving engine runs it: prefill(prompt[:-1]) into one
                           slot, then a decode step per token; the KV cache or the fixed state carries the
                           whole history.
   any Transformers LM     generate(do_sample=False).
@@ -83,7 +83,7 @@ class NeedleModel:
             except AssayError:  # a variant the native model does not run (a binding sliding window): Transformers does
                 spec = None
         self.slot_model = None
-        if spec is not None:  # a registered architecture: assay's own model, answered through its slot adapter
+        if spec is not None:  # a registered architecture: assay's own model, answered through its slot model
             model, args = spec.load(self.folder, None, False, device, torch.float32)
             self.model = model.eval()
             self.slot_model = spec.wrap_slot_model(self.model, args)
