@@ -63,7 +63,7 @@ def render_chat(tokenizer: Any, messages: Sequence[dict], tools: Sequence[Functi
     if tools and native:
         kwargs["tools"] = [tool.as_openai() for tool in tools]
     elif tools:
-        rendered = _with_preamble(rendered, GENERIC_PREAMBLE.format(tools="\n".join(
+        rendered = _with_preamble(rendered, GENERIC_PREAMBLE.replace("{tools}", "\n".join(
             json.dumps(tool.as_openai()["function"], ensure_ascii=False) for tool in tools)))
     try:
         return tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **kwargs)

@@ -53,10 +53,11 @@ def parse_tool_calls(text: str, new_id: Callable[[], str] = new_call_id) -> tupl
         if call is None:
             break
         name, arguments, end = call
-        content.append(text[position:start])
+        # After a call, the whitespace before the next text is the format's (the newline between calls).
+        content.append(text[position:start].lstrip() if calls else text[position:start])
         calls.append(ToolCall(new_id(), name, arguments))
         position = end
-    content.append(text[position:])
+    content.append(text[position:].lstrip() if calls else text[position:])
     return "".join(content).strip(), calls
 
 
