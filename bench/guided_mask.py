@@ -6,6 +6,9 @@ the fill hides behind the model's forward when it runs on the worker thread (Tok
         -> bench/results/guided_mask.json (with os.getloadavg() at the start and end: figures on a shared
            machine are noisy)
 
+CPU time (time.process_time, every thread of the process) is kept beside wall time for the fill and the
+apply: on a loaded machine a millisecond-long operation is often preempted, and its wall time says little.
+
 A step is timed three ways at each width, every row under the same nested JSON schema, the matchers walking
 a fixed valid JSON text token by token (so every width sees the same grammar states):
   forward     the model's forward alone (one new token per row, KV cache)
@@ -66,7 +69,8 @@ def width_run(model, tokenizer, compiler: GrammarCompiler, width: int, steps: in
     tokens = tokenizer.encode(TEXT, add_special_tokens=False)[:steps]
     grammar = compiler.json_schema(SCHEMA, strict=True)
     masks = TokenMasks(compiler.vocab_size, rows=width)
-    timings: dict[str, list[float]] = {"fill": [], "apply": [], "forward": [], "serial": [], "overlapped": []}
+    timings: dict[str, list[float]] = {"fill": [], "apply": [], "forward": [], "serial": [], "overlapped": [],
+                                       "fill_cpu": [], "apply_cpu": []}
     with torch.inference_mode():
         prompt = torch.tensor([tokenizer.encode("A person as JSON:", add_special_tokens=False)] * width)
         for mode in ("serial", "overlapped"):
@@ -76,7 +80,9 @@ def width_run(model, tokenizer, compiler: GrammarCompiler, width: int, steps: in
                 inputs = torch.full((width, 1), token)
                 start = time.perf_counter()
                 if mode == "serial":
+                    cpu = time.process_time()
                     rows = masks.fill(matchers)
+                    timings["fill_cpu"].append(time.process_time() - cpu)
                     filled = time.perf_counter()
                     out = model(input_ids=inputs, cache=cache, use_cache=True)
                     forwarded = time.perf_counter()
@@ -87,9 +93,11 @@ def width_run(model, tokenizer, compiler: GrammarCompiler, width: int, steps: in
                     out = model(input_ids=inputs, cache=cache, use_cache=True)
                     rows = pending.result()
                 cache, logits = out.past_key_values, out.logits[:, -1, :].float()
-                applying = time.perf_counter()
+                applying, cpu = time.perf_counter(), time.process_time()
                 masks.apply(logits, rows)
                 end = time.perf_counter()
+                if mode == "serial":
+                    timings["apply_cpu"].append(time.process_time() - cpu)
                 timings[mode].append(end - start)
                 if mode == "serial":
                     timings["apply"].append(end - applying)

@@ -67,11 +67,11 @@ class TokenMasks:
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], vocab_size: int) -> None:
     """logits: [batch, width]; bitmask: int32 [>= max(rows) + 1, ceil(vocab_size / 32)], row i for logits row i."""
-    index = torch.tensor(rows, device=logits.device)
-    width = logits.shape[-1]
-    known = min(width, vocab_size)
+    known = min(logits.shape[-1], vocab_size)
     allowed = unpack_bits(bitmask[rows].to(logits.device))[:, :known]
-    guided = logits.index_select(0, index)
-    guided[:, :known].masked_fill_(~allowed, float("-inf"))
-    guided[:, known:] = float("-inf")  # past the tokenizer: ids no text maps to
-    logits.index_copy_(0, index, guided)
+    blocked = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    for i, row in enumerate(rows):
+        # where(..., out=) writes the row in place: no gather and scatter of whole rows (masked_fill_ with a
+        # bool mask measured about twice the cost on CPU).
+        torch.where(allowed[i], logits[row, :known], blocked, out=logits[row, :known])
+        logits[row, known:] = float("-inf")  # past the tokenizer: ids no text maps to
