@@ -1,0 +1,80 @@
+"""One request's position in its grammar: the tokens allowed next, and the tokens it has accepted.
+
+    matcher = grammar.matcher()
+    matcher.fill(bitmask, row)          # bitmask: int32 [rows, ceil(vocab / 32)] on the CPU, bit set = allowed
+    matcher.accept(token_id)            # False: the token broke the grammar (the matcher is then in error)
+    matcher.is_terminated()             # the grammar is complete: only a stop token (or nothing) may follow
+    matcher.rollback(n)                 # undo the last n accepted tokens (speculative decoding, stop strings)
+
+Filling does not change the state, and llguidance drops the GIL while it computes a mask, so a fill can run
+on another thread while the model's forward runs (masks.py).
+"""
+
+from __future__ import annotations
+
+import llguidance
+import llguidance.torch
+import torch
+
+BITS = 32  # tokens per int32 word of a bitmask
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + BITS - 1) // BITS
+
+
+class GuidedMatcher:
+    """Wraps an llguidance.LLMatcher; made by Grammar.matcher()."""
+
+    def __init__(self, matcher: llguidance.LLMatcher):
+        self._matcher = matcher
+        self.accepted = 0  # tokens accepted so far (what rollback can undo)
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into bitmask[row]."""
+        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+
+    def allowed_mask(self, vocab_size: int) -> torch.Tensor:
+        """The allowed next tokens as a bool [vocab_size] tensor (tests and debugging; the engine uses fill)."""
+        bitmask = torch.zeros(1, bitmask_words(vocab_size), dtype=torch.int32)
+        self.fill(bitmask, 0)
+        return unpack_bits(bitmask)[0, :vocab_size]
+
+    def accept(self, token_id: int) -> bool:
+        accepted = self._matcher.consume_token(int(token_id))
+        self.accepted += int(accepted)
+        return accepted
+
+    def is_terminated(self) -> bool:
+        """True once the grammar can take no more text (after its last token, and after a stop token)."""
+        return self._matcher.is_stopped()
+
+    def is_accepting(self) -> bool:
+        """True when the text so far is a complete output (a stop token would be allowed now)."""
+        return self._matcher.is_accepting()
+
+    def rollback(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= self.accepted:
+            raise ValueError(f"cannot roll back {num_tokens} tokens: {self.accepted} accepted")
+        if num_tokens and not self._matcher.rollback(num_tokens):
+            raise RuntimeError(f"llguidance refused to roll back {num_tokens} tokens: {self.error}")
+        self.accepted -= num_tokens
+
+    @property
+    def error(self) -> str:
+        """Why the matcher stopped accepting, or '' (a token outside the mask, or a grammar the lexer gave up on)."""
+        return self._matcher.get_error()
+
+    @property
+    def handle(self) -> llguidance.LLMatcher:
+        """The library's matcher, for batched fills (llguidance.LLExecutor)."""
+        return self._matcher
+
+
+_SHIFTS = torch.arange(BITS, dtype=torch.int32)
+
+
+def unpack_bits(bitmask: torch.Tensor) -> torch.Tensor:
+    """int32 [rows, words] -> bool [rows, words * 32]: token t is allowed when bit t % 32 of word t // 32 is set."""
+    shifts = _SHIFTS.to(bitmask.device)
+    return ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
