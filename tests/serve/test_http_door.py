@@ -51,9 +51,10 @@ def _error(response: httpx.Response) -> dict:
         ("completions", "presence_penalty", 0.5),
         ("completions", "frequency_penalty", 1.0),
         ("completions", "suffix", " and then"),
-        ("chat", "tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("chat", "response_format", {"type": "json_object"}),
-        ("chat", "tool_choice", "auto"),
+        ("chat", "functions", [{"name": "f"}]),  # the deprecated form of tools
+        ("chat", "function_call", "auto"),
+        ("chat", "modalities", ["text", "audio"]),
+        ("chat", "audio", {"voice": "alloy", "format": "wav"}),
         ("completions", "min_p", 0.1),  # a vLLM extension this server does not implement
         ("chat", "temprature", 0.5),  # a typo is not a silent default
     ],
@@ -78,9 +79,9 @@ def test_a_field_whose_value_asks_for_nothing_is_accepted(door, field, value):
 
 def test_an_unknown_field_inside_a_message_is_a_400(door):
     handle, _ = door
-    body = {"messages": [{"role": "user", "content": "hi", "name": "bob"}]}
+    body = {"messages": [{"role": "user", "content": "hi", "mood": "curious"}]}
     response = httpx.post(f"{handle.url}/v1/chat/completions", json=body, timeout=30)
-    assert response.status_code == 400 and "unknown field 'messages.0.name'" in _error(response)["message"]
+    assert response.status_code == 400 and "unknown field 'messages.0.mood'" in _error(response)["message"]
 
 
 @pytest.mark.parametrize(

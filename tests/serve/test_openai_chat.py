@@ -9,8 +9,6 @@ real SmolLM2-135M-Instruct (its own template) answers in English, streamed equal
 
 from __future__ import annotations
 
-import shutil
-
 import httpx
 import pytest
 from serve.test_http import reference_engine, start_server
@@ -25,14 +23,6 @@ MESSAGES = [
     {"role": "assistant", "content": "jumps over"},
     {"role": "user", "content": "the lazy dog?"},
 ]
-
-
-@pytest.fixture(scope="module")
-def chat_model(zoo_dir, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("chat") / "qwen3-chat"
-    shutil.copytree(zoo_dir / "qwen3-pretrained", folder)
-    (folder / "chat_template.jinja").write_text(CHATML)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +97,8 @@ def test_chat_stop_strings_seed_n_and_logprobs(chat_server, client):
     "body, status, message",
     [
         ({"messages": []}, 422, "messages: List should have at least 1 item"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, 422, "the role must be system, user or assistant, got 'tool'"),
+        ({"messages": [{"role": "function", "content": "x"}]}, 422,
+         "the role must be system, developer, user, assistant or tool, got 'function'"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
          "messages.0.content.0: a part of type 'image_url' is not supported"),
         ({"messages": [{"role": "user", "content": 5}]}, 422, "messages.0.content: expected a string or a list of"),
@@ -115,7 +106,7 @@ def test_chat_stop_strings_seed_n_and_logprobs(chat_server, client):
         ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, 422, "max_completion_tokens"),
         ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}, 404, "the model 'gpt-4o' does not exist"),
     ],
-    ids=["no-messages", "tool-role", "image-part", "number-content", "top-logprobs-alone", "zero-tokens", "unknown-model"],
+    ids=["no-messages", "function-role", "image-part", "number-content", "top-logprobs-alone", "zero-tokens", "unknown-model"],
 )
 def test_bad_chat_requests_get_a_clear_error(chat_server, body, status, message):
     response = httpx.post(f"{chat_server[0].url}/v1/chat/completions", json=body, timeout=30)

@@ -62,6 +62,15 @@ def test_greedy_ignores_top_k_and_top_p_and_a_seed_repeats_its_draws():
     assert [a.draw(LOGITS) for _ in range(50)] == [b.draw(LOGITS) for _ in range(50)]
 
 
+@pytest.mark.parametrize("settings", [{"top_p": 5e-324}, {"temperature": 5e-324}, {"temperature": 1e-6, "top_p": 1e-30}],
+                         ids=["subnormal-top-p", "subnormal-temperature", "both-tiny"])
+def test_extreme_settings_draw_the_most_likely_token_instead_of_failing(settings):
+    # Found by the property-based test of the server: top_p 5e-324 is 0 in float32 and emptied the nucleus,
+    # and a temperature that small turns the logits into infinities; either made the draw raise.
+    sampling = Sampling.create(**({"temperature": 1.0, "seed": 0} | settings))
+    assert [sample_tokens(LOGITS[None], [sampling]) for _ in range(20)] == [[0]] * 20
+
+
 def test_choice_j_of_n_draws_as_seed_plus_j():
     base = Sampling.create(1.0, seed=41)
     fork = base.fork(2)

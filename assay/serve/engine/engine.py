@@ -33,6 +33,7 @@ import torch
 from assay.core.device import resolve_backend, resolve_device
 from assay.core.errors import AssayError
 from assay.serve.engine.config import EngineConfig, QueueFull, TokenEvent
+from assay.serve.engine.guidance import Guidance
 from assay.serve.engine.request import EngineRequest, PrefillJob, new_request
 from assay.serve.engine.sampling import SamplingParams, TokenLogprob, prompt_logprobs, sample_tokens, token_logprobs
 from assay.serve.engine.scheduler import Candidate, QueueView, StepPlan, schedule, warm_up_widths
@@ -69,6 +70,7 @@ class Engine:
         self._prefilling: dict[str, PrefillJob] = {}  # admitted, prompt partly prefilled
         self._long_waited = False  # a long prompt got no prefill last step: it is offered this one (short_first)
         self._step_count = 0
+        self._guidance = Guidance(config.max_seqs)  # structured outputs: the guided rows' token masks
 
         kv = slot_model.kv_reference()
         memory = MemoryFacts(
@@ -304,6 +306,7 @@ class Engine:
     def _decode_step(self, plan: StepPlan) -> list[TokenEvent]:
         running = list(self._running.values())
         width = plan.decode_width(len(running))
+        pending = self._guidance.start([r.sampling for r in running])  # the masks fill while the forward runs
         result = self.runner.decode([DecodeInput(r.last_token, r.slot, r.next_position) for r in running], width)
         self._step_count += 1
         with self._lock:
@@ -312,13 +315,14 @@ class Engine:
                 self._stats.eager_check.add(*result.eager_diff)
         for request in running:
             request.next_position += 1
-        return self._sample_and_emit(result.logits, running)
+        return self._sample_and_emit(result.logits, running, pending)
 
-    def _sample_and_emit(self, logits: torch.Tensor, requests: list[EngineRequest]) -> list[TokenEvent]:
-        # logits: [N, vocab] -> one token per request, with its log-probabilities when asked for
+    def _sample_and_emit(self, logits: torch.Tensor, requests: list[EngineRequest], pending=None) -> list[TokenEvent]:
+        # logits: [N, vocab] -> one token per request (drawn from the grammar's mask), with the model's own log-probabilities
         samplings = [request.sampling for request in requests]
-        tokens = sample_tokens(logits, samplings)
+        tokens = sample_tokens(self._guidance.constrain(logits, samplings, pending), samplings)
         logprobs = token_logprobs(logits, tokens, samplings)
+        self._guidance.advance(samplings, tokens)
         return [self._emit(request, token, logprob) for request, token, logprob in zip(requests, tokens, logprobs)]
 
     def _emit(self, request: EngineRequest, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
@@ -326,7 +330,8 @@ class Engine:
         request.generated.append(token)
         request.last_token = token
         self._stats.token(request.request_id, now())
-        reason = "stop" if token in request.stop_token_ids else "length" if len(request.generated) >= request.max_tokens else None
+        reason = "stop" if token in request.stop_token_ids else self._guidance.finished(request.sampling)
+        reason = reason or ("length" if len(request.generated) >= request.max_tokens else None)
         if reason is not None:
             with self._lock:
                 event = self._finish(request, reason, token_id=token, index=index)

@@ -24,12 +24,18 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from assay.core.errors import AssayError
 
+if TYPE_CHECKING:
+    from assay.serve.guided import Grammar, GuidedMatcher
+
 SEED_MODULUS = 2**64  # torch.Generator.manual_seed takes [-2**63, 2**64)
+# A temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by it would overflow to inf.
+GREEDY_BELOW = 1e-5
 # Positions of a prompt whose log_softmax is taken at once: bounds the float32 copy to this many x vocab.
 PROMPT_LOGPROB_CHUNK = 256
 
@@ -60,6 +66,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None  # alternatives reported per generated token; None: no log-probabilities
     prompt_logprobs: int | None = None  # echo: the prompt's own log-probabilities, with this many alternatives
+    # Structured outputs and forced tool calls: each choice decodes under its own matcher of this grammar
+    # (engine/guidance.py masks the logits before the draw); None: free text.
+    grammar: Grammar | None = None
 
     def __post_init__(self):
         try:
@@ -85,7 +94,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass
@@ -94,6 +103,7 @@ class Sampling:
 
     params: SamplingParams
     generator: torch.Generator | None = None
+    matcher: GuidedMatcher | None = None  # this choice's place in params.grammar (None: free text)
 
     @classmethod
     def create(cls, temperature: float = 0.0, seed: int | None = None, **fields) -> Sampling:
@@ -103,11 +113,12 @@ class Sampling:
     @classmethod
     def for_choice(cls, params: SamplingParams, index: int) -> Sampling:
         """Choice `index` of n, with a generator of its own seeded with seed + index; a request without a seed
-        gets a random one, so two such requests differ."""
+        gets a random one, so two such requests differ. Under a grammar, each choice gets its own matcher."""
+        matcher = params.grammar.matcher() if params.grammar is not None else None
         if params.greedy:
-            return cls(params)
+            return cls(params, matcher=matcher)
         seed = random.getrandbits(63) if params.seed is None else (params.seed + index) % SEED_MODULUS
-        return cls(params, torch.Generator(device="cpu").manual_seed(seed))
+        return cls(params, torch.Generator(device="cpu").manual_seed(seed), matcher)
 
     def fork(self, index: int) -> Sampling:
         return Sampling.for_choice(self.params, index)
@@ -127,8 +138,9 @@ class Sampling:
             ordered, order = torch.sort(scaled, descending=True)
             probs = torch.softmax(ordered, dim=-1)
             # Keep the smallest head whose mass reaches top_p: a token stays if the mass before it is below top_p.
-            before = torch.cumsum(probs, dim=-1) - probs
-            scaled = scaled.scatter(-1, order[before >= params.top_p], float("-inf"))
+            drop = torch.cumsum(probs, dim=-1) - probs >= params.top_p
+            drop[0] = False  # the most likely token stays: a top_p below float32's smallest number rounds to 0
+            scaled = scaled.scatter(-1, order[drop], float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator).item())
 

@@ -46,6 +46,7 @@ class Grammar:
     key: tuple[str, str]
     text: str  # llguidance's grammar (JSON), as LLMatcher takes it
     template: llguidance.LLMatcher
+    vocab_size: int  # the tokenizer's: the width of the masks its matchers fill (masks.TokenMasks)
 
     def matcher(self) -> GuidedMatcher:
         return GuidedMatcher(self.template.deep_copy())
@@ -110,7 +111,7 @@ class GrammarCompiler:
         template = None if failed else llguidance.LLMatcher(self.tokenizer, grammar_text)
         if template is None or template.is_error():
             raise GrammarError(_refusal(where() or param, messages[0] if failed else template.get_error(), schema), param)
-        grammar = Grammar(key, grammar_text, template)
+        grammar = Grammar(key, grammar_text, template, self.vocab_size)
         with self._lock:
             self.compiles += 1
             self._cache[key] = grammar

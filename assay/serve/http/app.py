@@ -19,6 +19,7 @@ from assay.serve.engine.loop import EngineLoop
 from assay.serve.http.frontend import Frontend
 from assay.serve.http.metrics import CONTENT_TYPE, ServerMetrics
 from assay.serve.http.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKey, BodyLimit, ServerHeader
+from assay.serve.http.openapi import BODIES, describe, responses
 from assay.serve.http.protocol import RequestError
 
 
@@ -77,9 +78,11 @@ def create_app(
             except RequestError as exc:
                 return frontend.error(exc)
 
+        route.__name__ = handle.__module__.rsplit(".", 1)[-1]  # the operation's name in /openapi.json
         return route
 
-    app.post("/v1/completions")(generating(completions.handle))
-    app.post("/v1/chat/completions")(generating(chat.handle))
+    for path, handle in (("/v1/completions", completions.handle), ("/v1/chat/completions", chat.handle)):
+        app.post(path, responses=responses(BODIES[path][1]))(generating(handle))
+    describe(app)  # /openapi.json with the request bodies the routes validate by hand
 
     return app

@@ -2,7 +2,10 @@
 (apply_chat_template(..., add_generation_prompt=True), rendered to text and tokenised without adding
 special tokens again, as vLLM does); the answer is the assistant's message, streamed as deltas or whole.
 
-A model whose tokenizer has no chat template gets a 400 that says so (its /v1/completions still works).
+Tools are shown to the template (or, for a template without tool support, described in the system message:
+assay.serve.guided.chat), and the answer's <tool_call> blocks come back as OpenAI's tool_calls
+(structured.py). A model whose tokenizer has no chat template gets a 400 that says so (its /v1/completions
+still works).
 """
 
 from __future__ import annotations
@@ -11,25 +14,29 @@ from typing import AsyncIterator
 
 from starlette.requests import Request
 
+from assay.core.errors import AssayError
+from assay.serve.guided import FunctionTool, render_chat
 from assay.serve.http.frontend import Frontend
 from assay.serve.http.generation import Generation, Piece
 from assay.serve.http.protocol import ChatCompletionRequest, RequestError, parse_chat
 from assay.serve.http.responses import chat_body, chat_choice, chat_delta, chat_logprobs, usage
+from assay.serve.http.structured import OutputPlan, output_plan
 
 
-def chat_prompt(frontend: Frontend, body: ChatCompletionRequest) -> list[int]:
-    """The token ids of the chat template over the messages, with the assistant's turn opened."""
+def chat_prompt(frontend: Frontend, body: ChatCompletionRequest, tools: list[FunctionTool] | None = None) -> list[int]:
+    """The token ids of the chat template over the messages (and tools), with the assistant's turn opened."""
     tokenizer = frontend.tokenizer
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    messages = [m.template_message() for m in body.messages]
     # The template only adds to the text: contents over the character limit are refused before rendering.
-    frontend.check_chars(sum(len(m["content"]) for m in messages), "messages")
+    frontend.check_chars(sum(len(m["content"]) + sum(len(c["function"]["arguments"]) for c in m.get("tool_calls", ()))
+                             for m in messages), "messages")
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError(400, f"the model {frontend.model_name!r} has no chat template (no chat_template in its tokenizer files): "
                                 "use /v1/completions with a prompt", "messages")
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception as exc:  # the template's own refusal (e.g. raise_exception("roles must alternate"))
-        raise RequestError(400, f"the model's chat template refused the messages: {exc}", "messages") from None
+        text = render_chat(tokenizer, messages, tools)
+    except AssayError as exc:  # the template's own refusal (e.g. raise_exception("roles must alternate"))
+        raise RequestError(400, str(exc), "messages") from None
     return frontend.tokenize(text, add_special_tokens=False)
 
 
@@ -37,15 +44,16 @@ async def handle(frontend: Frontend, raw: bytes, request: Request):
     body = parse_chat(raw)
     frontend.check_model(body.model)
     frontend.check_choices(1, body.n)
-    prompt = chat_prompt(frontend, body)
+    plan = output_plan(frontend.grammars, body)
+    prompt = chat_prompt(frontend, body, plan.tools)
     max_tokens = body.token_budget() or frontend.room(len(prompt))
     top = (body.top_logprobs or 0) if body.logprobs else None
     generation = frontend.generation([prompt], "chatcmpl")
-    generation.submit(frontend.sampling_params(body, max_tokens=max_tokens, logprobs=top))
+    generation.submit(frontend.sampling_params(body, max_tokens=max_tokens, logprobs=top, grammar=plan.grammar))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _stream(frontend, generation, body, request, include_usage)
-    return await _collect(frontend, generation, body, request)
+        return _stream(frontend, generation, body, plan, request, include_usage)
+    return await _collect(frontend, generation, body, plan, request)
 
 
 def _logprobs(frontend: Frontend, body: ChatCompletionRequest, entries) -> dict | None:
@@ -57,26 +65,43 @@ def _body(frontend: Frontend, generation: Generation, choices: list[dict], with_
     return chat_body(generation.request_id, generation.created, frontend.model_name, choices, used, chunk=chunk)
 
 
-async def _collect(frontend: Frontend, generation: Generation, body: ChatCompletionRequest, request: Request):
+async def _collect(frontend: Frontend, generation: Generation, body: ChatCompletionRequest, plan: OutputPlan, request: Request):
     texts = await frontend.collect(generation, request)
     if not isinstance(texts, dict):
         return texts
-    choices = [chat_choice(c.index, texts[c.index], c.finish_reason, _logprobs(frontend, body, c.logprobs)) for c in generation.choices]
+    choices = []
+    for c in generation.choices:
+        message, finish_reason = plan.message(texts[c.index], c.finish_reason)
+        choices.append(chat_choice(c.index, message, finish_reason, _logprobs(frontend, body, c.logprobs)))
     return _body(frontend, generation, choices, with_usage=True)
 
 
-def _stream(frontend: Frontend, generation: Generation, body: ChatCompletionRequest, request: Request, include_usage: bool):
-    def chunk(piece: Piece) -> dict:
-        finish = piece.choice.finish_reason if piece.finished else None
-        delta = {"content": piece.text} if piece.text or not piece.finished else {}
-        return _body(frontend, generation, [chat_delta(piece.choice.index, delta, finish, _logprobs(frontend, body, piece.logprobs))], chunk=True)
+def _stream(frontend: Frontend, generation: Generation, body: ChatCompletionRequest, plan: OutputPlan, request: Request,
+            include_usage: bool):
+    messages = {choice.index: plan.stream() for choice in generation.choices}
+
+    def chunks(piece: Piece) -> list[dict]:
+        """One chunk per delta (a call's head and its first arguments are two); the piece's log-probabilities
+        ride on the first, the finish reason on the last."""
+        message = messages[piece.choice.index]
+        deltas = message.deltas(piece.text, piece.finished)
+        if not deltas and not piece.finished:
+            deltas = [{"content": ""}] if piece.logprobs else []  # text held back (a partial tag): nothing to send yet
+        if not deltas:
+            deltas = [{}] if piece.finished else []
+        finish = message.finish_reason(piece.choice.finish_reason) if piece.finished else None
+        logprobs = _logprobs(frontend, body, piece.logprobs)
+        return [_body(frontend, generation, [chat_delta(piece.choice.index, delta, finish if i == len(deltas) - 1 else None,
+                                                        logprobs if i == 0 else None)], chunk=True)
+                for i, delta in enumerate(deltas)]
 
     async def bodies() -> AsyncIterator[dict]:
         # OpenAI's first chunk of each choice names the role; the content follows in deltas.
         for choice in generation.choices:
             yield _body(frontend, generation, [chat_delta(choice.index, {"role": "assistant", "content": ""})], chunk=True)
         async for piece in generation.pieces(request):
-            yield chunk(piece)
+            for chunk in chunks(piece):
+                yield chunk
         if include_usage and not generation.client_gone:
             yield _body(frontend, generation, [], with_usage=True, chunk=True)
 

@@ -1,4 +1,5 @@
-"""POST /v1/completions: OpenAI's completions, with a batch of prompts, n choices each, echo and logprobs.
+"""POST /v1/completions: OpenAI's completions, with a batch of prompts, n choices each, echo and logprobs, and
+response_format (each choice's text is JSON of the schema, as on the chat route).
 
 With echo, a choice's text starts with its prompt's text and, with logprobs, its log-probabilities start
 with the prompt's tokens (the first one null): what lm-evaluation-harness's local-completions sends for
@@ -15,6 +16,7 @@ from assay.serve.http.frontend import Frontend
 from assay.serve.http.generation import Choice, Generation, Piece
 from assay.serve.http.protocol import CompletionRequest, completion_prompts, parse_completion
 from assay.serve.http.responses import completion_body, completion_choice, legacy_logprobs, usage
+from assay.serve.http.structured import response_grammar
 
 
 def _prompt_tokens(frontend: Frontend, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
@@ -31,7 +33,8 @@ async def handle(frontend: Frontend, raw: bytes, request: Request):
     body = parse_completion(raw)
     frontend.check_model(body.model)
     prompts, echo_texts = _prompt_tokens(frontend, body)
-    params = frontend.sampling_params(body, prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None)
+    params = frontend.sampling_params(body, prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None,
+                                      grammar=response_grammar(frontend.grammars, body.response_format))
     generation = frontend.generation(prompts, "cmpl")
     generation.submit(params)
     view = _View(frontend, generation, body, echo_texts)

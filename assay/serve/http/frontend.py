@@ -6,15 +6,18 @@ generation however it ends.
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from assay.core.errors import AssayError
 from assay.serve.engine.engine import Engine
 from assay.serve.engine.loop import EngineFailed, EngineLoop
 from assay.serve.engine.sampling import SamplingParams
+from assay.serve.guided import GrammarCompiler
 from assay.serve.http.generation import Generation
 from assay.serve.http.metrics import ServerMetrics
 from assay.serve.http.protocol import RequestError
@@ -94,6 +97,18 @@ class Frontend:
         self.metrics = metrics
         self.retry_after_s = retry_after_s
         self.limits = Limits.of(engine, self.tokenizer)
+        # The grammar compiler indexes the vocabulary (seconds for a 49K-token one): built on a thread of its
+        # own from the start, so start-up does not wait for it (a structured request that comes first does).
+        self._grammars: Future[GrammarCompiler] = ThreadPoolExecutor(1, thread_name_prefix="assay-grammars").submit(
+            GrammarCompiler, self.tokenizer, self.eos_ids)
+
+    def grammars(self) -> GrammarCompiler:
+        """The model's grammar compiler (structured outputs, forced tool calls); a 400 when it has no end-of-text token."""
+        try:
+            return self._grammars.result()
+        except AssayError as exc:
+            raise RequestError(400, f"structured outputs and tool calls need the model's end-of-text token: {exc}",
+                               "response_format") from None
 
     def error(self, exc: RequestError) -> JSONResponse:
         self.metrics.count(_OUTCOME.get(exc.status, "rejected_invalid"))

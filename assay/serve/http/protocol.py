@@ -6,17 +6,19 @@ The status follows the problem:
   400  the body is not UTF-8 JSON, or names a field this server does not implement (unknown to OpenAI, or
        OpenAI's but not implemented here, e.g. best_of, logit_bias, tools): the message names the field;
   422  a field of the wrong type or out of range (strict: "8" is not a number of tokens).
-A field OpenAI defines whose value asks for nothing (presence_penalty 0, logit_bias {}, tools [] ...) is
-accepted: it changes nothing, so nothing is dropped.
+A field OpenAI defines whose value asks for nothing (presence_penalty 0, logit_bias {} ...) is accepted: it
+changes nothing, so nothing is dropped; so are the fields that ask nothing of the output (user, metadata,
+store, safety_identifier, prompt_cache_key ...). Structured outputs (response_format) and tool calls (tools,
+tool_choice, parallel_tool_calls) are described here and turned into a grammar by structured.py.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import fields
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from assay.serve.engine.sampling import SamplingParams
 
@@ -32,6 +34,49 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class JsonSchemaFormat(_Strict):
+    """response_format.json_schema: the schema the output must validate against (strict: refuse the keywords
+    the grammar library cannot enforce rather than ignore them)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")  # None: any JSON object
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Strict):
+    """text (free), json_object (any JSON object) or json_schema (an object of that schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class FunctionDefinition(_Strict):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # JSON Schema of the arguments; None: an object of any properties
+    strict: Optional[bool] = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class StreamOptions(BaseModel):
@@ -60,6 +105,8 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False
     # OpenAI's end-user identifier: metadata for the caller's own records; it asks nothing of generation.
     user: Optional[str] = None
+    # Structured outputs: the output is JSON (of a schema), enforced while decoding (assay.serve.guided).
+    response_format: Optional[ResponseFormat] = None
 
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -74,7 +121,13 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     """POST /v1/completions. prompt: a string, a list of strings, a list of token ids or a list of such lists."""
 
-    prompt: Any  # its four shapes are checked by completion_prompts(), with one message for all of them
+    model_config = ConfigDict(json_schema_extra={"examples": [{"prompt": "The capital of France is", "max_tokens": 8}]})
+
+    # Its four shapes are checked by completion_prompts(), with one message for all of them.
+    prompt: Annotated[Any, WithJsonSchema({"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "minItems": 1}]})]
     max_tokens: int = Field(16, ge=1)
     echo: bool = False
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -86,23 +139,69 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str  # the arguments as a JSON object's text, as the response gave them
+
+
+class MessageToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
+    """One message. developer is system (OpenAI's newer name for it); an assistant message may carry the
+    tool_calls it made (its content then may be null), and a tool message the result of one (tool_call_id)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "user", "assistant"]
-    content: Union[str, list[TextPart]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[TextPart]]] = None
+    name: Optional[str] = None  # the participant's name, passed to the chat template
+    tool_calls: Optional[list[MessageToolCall]] = None
+    tool_call_id: Optional[str] = None
+    refusal: Optional[str] = None  # an earlier answer's refusal, as OpenAI's responses may carry it: its text
 
     def text(self) -> str:
+        if self.content is None:
+            return self.refusal or ""
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    def template_message(self) -> dict:
+        """The message as render_chat takes it (OpenAI's shape, text content)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions: the prompt is the model's own chat template over the messages."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8,
+                                                               "response_format": {"type": "json_object"}}]})
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(None, ge=1)  # deprecated by OpenAI in favour of max_completion_tokens
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Optional[list[Tool]] = None
+    # none (the default without tools), auto (the default with them: the model decides), required (at least one
+    # call, enforced), or a named function (a call to it, enforced).
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[bool] = None  # false: one call at most
+    # Fields for the caller's own records, or about caching and storage: they ask nothing of the output.
+    metadata: Optional[dict[str, str]] = None
+    store: Optional[bool] = None
+    safety_identifier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    prompt_cache_options: Optional[dict[str, Any]] = None
+    prompt_cache_retention: Optional[str] = None
 
     def token_budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -129,18 +228,13 @@ COMPLETION_OFF = _SHARED_OFF | {
     "best_of": (lambda value, body: value is None or (type(value) is int and value == body.get("n", 1)), "equal to n"),
 }
 CHAT_OFF = _SHARED_OFF | {
-    "tools": _empty("[]"),
+    # The deprecated forms of tools and tool_choice: send tools and tool_choice.
     "functions": _empty("[]"),
-    "tool_choice": _off(None, "none", hint='"none"'),
     "function_call": _off(None, "none", hint='"none"'),
-    "parallel_tool_calls": _off(None, hint="null"),
-    "response_format": (lambda value, _body: value is None or value == {"type": "text"}, '{"type": "text"}'),
     "modalities": (lambda value, _body: value is None or value == ["text"], '["text"]'),
     "audio": _off(None, hint="null"),
     "prediction": _off(None, hint="null"),
     "reasoning_effort": _off(None, hint="null"),
-    "store": _off(None, False, hint="false"),
-    "metadata": _empty("{}"),
     "service_tier": _off(None, "auto", "default", hint='"auto"'),
     "web_search_options": _off(None, hint="null"),
 }
@@ -206,7 +300,19 @@ def parse_chat(raw: bytes) -> ChatCompletionRequest:
     request = _validate(ChatCompletionRequest, _check_fields(body, ChatCompletionRequest, CHAT_OFF))
     if request.top_logprobs is not None and not request.logprobs:
         raise RequestError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    _check_roles(request.messages)
     return _check_stream_options(request)
+
+
+def _check_roles(messages: list[ChatMessage]) -> None:
+    """What only some roles may carry: a 400 naming the message."""
+    for i, message in enumerate(messages):
+        if message.content is None and message.role != "assistant":
+            raise RequestError(400, f"messages.{i}.content: a {message.role} message needs content", "messages")
+        if message.tool_calls and message.role != "assistant":
+            raise RequestError(400, f"messages.{i}.tool_calls: only an assistant message carries tool_calls", "messages")
+        if message.role == "tool" and not message.tool_call_id:
+            raise RequestError(400, f"messages.{i}.tool_call_id: a tool message needs the id of the call it answers", "messages")
 
 
 def _validate(schema, body: dict):
@@ -229,7 +335,7 @@ def validation_message(errors: list[dict]) -> tuple[int, str, str | None]:
             problems.append(f"unknown field {where!r}")
             continue
         if location[:1] == ["messages"] and error.get("type") == "literal_error" and location[-1:] == ["role"]:
-            problems.append(f"{where}: the role must be system, user or assistant, got {error.get('input')!r}")
+            problems.append(f"{where}: the role must be system, developer, user, assistant or tool, got {error.get('input')!r}")
             continue
         if location[:1] == ["messages"] and location[2:3] == ["content"]:
             # A union reports one error per branch; what the user needs is the shape that is accepted.

@@ -96,8 +96,9 @@ def chat_body(request_id: str, created: int, model: str, choices: list[dict], us
     return body
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason}
+def chat_choice(index: int, message: dict, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+    """message: {"role": "assistant", "content": ..., "tool_calls": [...] when the answer made calls}."""
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def chat_delta(index: int, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None) -> dict:

@@ -1,0 +1,154 @@
+"""What structured outputs cost the engine on the real SmolLM2-135M-Instruct: decode tokens per second with every
+sequence under a JSON schema against the same engine unconstrained, at widths 1 and 8, and the time to first
+token of a schema's first request (compiled) against its second (the compiler's cache).
+
+    python bench/serve_guided.py [--model DIR] [--widths 1,8] [--steps 48] [--rounds 3] [--mode eager|buckets]
+        -> bench/results/serve_guided.json and .png (with os.getloadavg() at the start and the end)
+
+Decode: W requests of one chat prompt each decode --steps tokens (max_tokens = steps + 1, and a schema long
+enough that no row finishes early), greedy; the rate is the tokens of the decode steps over their wall time
+(engine.step() after every first token: the forward, the mask fill on its worker thread, the mask, the draw).
+Rounds alternate free and guided, so a loaded machine's noise falls on both; the median round is reported.
+Goal: guided >= 0.9 x free at each width.
+
+TTFT: a fresh schema (a name no earlier request used) is compiled and submitted, and the clock stops at its
+first token; then the same schema again, from the cache. Each pair is repeated --rounds times with new schemas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+from assay.core.files import atomic_write_json
+from assay.core.metrics import new_figure, save_figure
+from assay.core.output import print_table
+
+GOAL = 0.9
+MESSAGES = [{"role": "user", "content": "Write a made-up customer record as JSON."}]
+
+
+def long_schema(tag: str) -> dict:
+    """Nested objects, enums, integers and a fixed-length array: longer than any decode run, so no row finishes."""
+    return {"type": "object", "additionalProperties": False, "required": ["id", "kind", "owner", "notes"], "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 10**6},
+        "kind": {"enum": ["retail", "wholesale", tag]},
+        "owner": {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+                  "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 18, "maximum": 99}}},
+        "notes": {"type": "array", "minItems": 40, "maxItems": 40, "items": {"type": "string", "minLength": 4, "maxLength": 16}},
+    }}
+
+
+def build(args):
+    from assay.serve import Engine, EngineConfig
+    from assay.serve.guided import GrammarCompiler, render_chat
+
+    engine = Engine.from_checkpoint(args.model, EngineConfig(max_seqs=max(args.widths), eager=args.mode == "eager", max_len=512,
+                                                             buckets=tuple(args.widths) if args.mode == "buckets" else "auto"))
+    engine.warm_up()
+    tokenizer = engine.tokenizer
+    prompt = tokenizer.encode(render_chat(tokenizer, MESSAGES), add_special_tokens=False)
+    return engine, GrammarCompiler(tokenizer, [tokenizer.eos_token_id]), prompt, tokenizer.eos_token_id
+
+
+def decode_rate(engine, prompt, eos, width: int, steps: int, grammar) -> float:
+    from assay.serve import SamplingParams
+
+    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, stop_token_ids=(eos,), grammar=grammar)
+    for i in range(width):
+        engine.add_request(f"w{width}-{i}-{time.monotonic_ns()}", prompt, params=params)
+    tokens, seconds, firsts = 0, 0.0, 0
+    while engine.has_unfinished():
+        start = time.perf_counter()
+        events = engine.step()
+        elapsed = time.perf_counter() - start
+        if firsts >= width:  # every row has its first token: this step was decode only
+            tokens += sum(e.token_id >= 0 for e in events)
+            seconds += elapsed
+        firsts += sum(e.index == 0 for e in events)
+    return tokens / seconds
+
+
+def first_token_s(engine, compiler, prompt, eos, schema: dict) -> float:
+    from assay.serve import SamplingParams
+
+    start = time.perf_counter()
+    params = SamplingParams(max_tokens=1, temperature=0.0, stop_token_ids=(eos,), grammar=compiler.json_schema(schema, strict=True))
+    engine.add_request(f"ttft-{time.monotonic_ns()}", prompt, params=params)
+    while engine.has_unfinished():
+        engine.step()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=os.environ.get("ASSAY_TEST_REAL", "/tmp/assay-real"))
+    parser.add_argument("--widths", default="1,8")
+    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--mode", choices=["eager", "buckets"], default="eager")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "serve_guided.json")
+    args = parser.parse_args()
+    args.widths = [int(w) for w in args.widths.split(",")]
+    load_start = os.getloadavg()
+    engine, compiler, prompt, eos = build(args)
+    grammar = compiler.json_schema(long_schema("internal"), strict=True)
+    decode_rate(engine, prompt, eos, max(args.widths), 4, grammar)  # warm: first masks, allocator, caches
+
+    rates = {w: {"free": [], "guided": []} for w in args.widths}
+    for _ in range(args.rounds):
+        for width in args.widths:
+            rates[width]["free"].append(decode_rate(engine, prompt, eos, width, args.steps, None))
+            rates[width]["guided"].append(decode_rate(engine, prompt, eos, width, args.steps, grammar))
+    decode = []
+    for width, pair in rates.items():
+        free, guided = statistics.median(pair["free"]), statistics.median(pair["guided"])
+        decode.append({"width": width, "free_tokens_per_s": free, "guided_tokens_per_s": guided, "ratio": guided / free,
+                       "goal_met": guided / free >= GOAL, "rounds": pair})
+
+    pairs = []
+    for round_ in range(args.rounds):
+        schema = long_schema(f"fresh-{os.getpid()}-{round_}")
+        compiles = compiler.compiles
+        first = first_token_s(engine, compiler, prompt, eos, schema)
+        second = first_token_s(engine, compiler, prompt, eos, schema)
+        pairs.append({"first_s": first, "second_s": second, "compiled_once": compiler.compiles == compiles + 1})
+    result = {
+        "model": str(args.model), "mode": args.mode, "steps": args.steps, "rounds": args.rounds, "goal_ratio": GOAL,
+        "decode": decode,
+        "ttft": {"first_s": statistics.median(p["first_s"] for p in pairs), "second_s": statistics.median(p["second_s"] for p in pairs),
+                 "pairs": pairs},
+        "threads": __import__("torch").get_num_threads(), "cpu_count": os.cpu_count(),
+        "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out, result)
+    plot(result, args.out.with_suffix(".png"))
+    print_table([{"width": d["width"], "free tok/s": f"{d['free_tokens_per_s']:.1f}", "guided tok/s": f"{d['guided_tokens_per_s']:.1f}",
+                  "ratio": f"{d['ratio']:.3f}", "goal >= 0.9": d["goal_met"]} for d in decode])
+    print(f"TTFT, a schema's first request {result['ttft']['first_s'] * 1000:.1f} ms, its second {result['ttft']['second_s'] * 1000:.1f} ms; "
+          f"load {load_start[0]:.1f} -> {result['loadavg_end'][0]:.1f}; {args.out}")
+
+
+def plot(result: dict, path: Path) -> None:
+    fig, (rates, ttft) = new_figure(ncols=2, size=(10.0, 4.0))
+    widths = [str(d["width"]) for d in result["decode"]]
+    x = range(len(widths))
+    rates.bar([i - 0.2 for i in x], [d["free_tokens_per_s"] for d in result["decode"]], 0.4, label="free")
+    rates.bar([i + 0.2 for i in x], [d["guided_tokens_per_s"] for d in result["decode"]], 0.4, label="JSON schema")
+    rates.set_xticks(list(x), widths)
+    rates.set_xlabel("decode width")
+    rates.set_ylabel("decode tokens/s")
+    rates.legend()
+    ttft.bar(["first (compile)", "second (cached)"], [result["ttft"]["first_s"] * 1000, result["ttft"]["second_s"] * 1000])
+    ttft.set_ylabel("time to first token, ms")
+    load = result["loadavg_start"][0]
+    fig.suptitle(f"SmolLM2-135M, {result['mode']}, load average {load:.1f} on {result['cpu_count']} cores")
+    save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    main()
