@@ -2,7 +2,7 @@
 sequence under a JSON schema against the same engine unconstrained, at widths 1 and 8, and the time to first
 token of a schema's first request (compiled) against its second (the compiler's cache).
 
-    python bench/serve_guided.py [--model DIR] [--widths 1,8] [--steps 48] [--rounds 3] [--mode eager|buckets]
+    python bench/serve_guided.py [--model DIR] [--widths 1,8] [--steps 32] [--rounds 3] [--mode eager|buckets]
         -> bench/results/serve_guided.json and .png (with os.getloadavg() at the start and the end)
 
 Decode: W requests of one chat prompt each decode --steps tokens (max_tokens = steps + 1, and a schema long
@@ -87,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=os.environ.get("ASSAY_TEST_REAL", "/tmp/assay-real"))
     parser.add_argument("--widths", default="1,8")
-    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mode", choices=["eager", "buckets"], default="eager")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "serve_guided.json")
@@ -134,7 +134,8 @@ def main() -> None:
 
 
 def plot(result: dict, path: Path) -> None:
-    fig, (rates, ttft) = new_figure(ncols=2, size=(10.0, 4.0))
+    fig, axes = new_figure(ncols=2, size=(5.0, 4.0))
+    rates, ttft = axes[0]
     widths = [str(d["width"]) for d in result["decode"]]
     x = range(len(widths))
     rates.bar([i - 0.2 for i in x], [d["free_tokens_per_s"] for d in result["decode"]], 0.4, label="free")

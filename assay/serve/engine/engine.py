@@ -70,7 +70,7 @@ class Engine:
         self._prefilling: dict[str, PrefillJob] = {}  # admitted, prompt partly prefilled
         self._long_waited = False  # a long prompt got no prefill last step: it is offered this one (short_first)
         self._step_count = 0
-        self._guidance = Guidance(config.max_seqs)  # structured outputs: the guided rows' token masks
+        self._guidance = Guidance(config.max_seqs, self.vocab_size)  # structured outputs: the guided rows' token masks
 
         kv = slot_model.kv_reference()
         memory = MemoryFacts(
@@ -330,7 +330,8 @@ class Engine:
         request.generated.append(token)
         request.last_token = token
         self._stats.token(request.request_id, now())
-        reason = "stop" if token in request.stop_token_ids else self._guidance.finished(request.sampling)
+        # A grammar's verdict first: a matcher in error ends as "error" even on a stop token.
+        reason = self._guidance.finished(request.sampling) or ("stop" if token in request.stop_token_ids else None)
         reason = reason or ("length" if len(request.generated) >= request.max_tokens else None)
         if reason is not None:
             with self._lock:

@@ -71,10 +71,10 @@ class GuidedMatcher:
         return self._matcher
 
 
-_SHIFTS = torch.arange(BITS, dtype=torch.int32)
+# Bit b of a word (1 << 31 is the sign bit, -2**31 as an int32).
+_BIT_VALUES = torch.tensor([1 << b if b < BITS - 1 else -(1 << b) for b in range(BITS)], dtype=torch.int32)
 
 
 def unpack_bits(bitmask: torch.Tensor) -> torch.Tensor:
     """int32 [rows, words] -> bool [rows, words * 32]: token t is allowed when bit t % 32 of word t // 32 is set."""
-    shifts = _SHIFTS.to(bitmask.device)
-    return ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
+    return (bitmask.unsqueeze(-1) & _BIT_VALUES.to(bitmask.device)).ne(0).flatten(1)

@@ -103,12 +103,15 @@ class Frontend:
             GrammarCompiler, self.tokenizer, self.eos_ids)
 
     def grammars(self) -> GrammarCompiler:
-        """The model's grammar compiler (structured outputs, forced tool calls); a 400 when it has no end-of-text token."""
+        """The model's grammar compiler (structured outputs, forced tool calls); a 400 when it cannot have one."""
         try:
             return self._grammars.result()
         except AssayError as exc:
             raise RequestError(400, f"structured outputs and tool calls need the model's end-of-text token: {exc}",
                                "response_format") from None
+        except Exception as exc:  # a tokenizer the grammar library cannot index: these requests only are refused
+            raise RequestError(400, f"structured outputs and tool calls are not available for this model's tokenizer: "
+                                    f"{type(exc).__name__}: {exc}", "response_format") from None
 
     def error(self, exc: RequestError) -> JSONResponse:
         self.metrics.count(_OUTCOME.get(exc.status, "rejected_invalid"))
