@@ -18,8 +18,8 @@ from app.builders import GPU, NEW, OLD, free_port, mixed_rows, recorded_catalog,
 from assay.app.catalog import save_catalog
 from assay.app.data import load_snapshot, model_page
 from assay.app.publish import TAG
-from assay.compat.dataset import CARD, card_front_matter, query, stack_files, write_rows
-from assay.compat.schema import SCHEMA_VERSION, STATUSES
+from assay.compat.results.dataset import CARD, card_front_matter, query, stack_files, write_rows
+from assay.compat.results.schema import SCHEMA_VERSION, STATUSES
 
 LOAD = """
 import json, sys
