@@ -71,6 +71,7 @@ def make_lm(model, tokenizer, forward):
 
     class ProbeLM(HFLM):
         on_progress = None  # (requests scored, requests in all): the probe's own progress report, set per task
+        requests_done, requests_total = 0, 1  # counted per loglikelihood call
 
         def _model_call(self, inps, attn_mask=None, labels=None):
             logits = forward(inps)

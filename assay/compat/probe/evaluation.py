@@ -1,9 +1,9 @@
 """The probe's eval phase (`--eval TASKS`): task accuracy on the device next to the CPU eager reference's.
 
 After the compiled generation, the probe scores each task twice through lm-eval's own task machinery
-(eval_recipe.py): on the device, with the probe's model object and its forward compiled by the probe's
+(eval/recipe.py): on the device, with the probe's model object and its forward compiled by the probe's
 backend; and on the CPU, eager, in float32 (float64 with --reference-dtype float64), cached in the
-reference cache per checkpoint and task content. eval_compare.py turns the two into the row's eval
+reference cache per checkpoint and task content. eval/compare.py turns the two into the row's eval
 columns and its eval_status. Imported only when --eval is given: a probe without it never imports
 lm_eval (tests/compat/test_eval.py checks).
 """

@@ -17,7 +17,7 @@ The key (a SHA-256 over a JSON document, see `reference_key`):
 
 The eval reference (`--eval`, evaluation.py) is cached the same way, one entry per task:
 <root>/<key[:2]>/<key>.eval.json, keyed by the checkpoint's content, the task's content (its configuration
-and every document: eval_recipe.task_content_sha256), eval_recipe.py's source, the reference dtype and
+and every document: eval_recipe.task_content_sha256), eval/recipe.py's source, the reference dtype and
 the torch, Transformers and lm-eval versions.
 
 Entries: <root>/<key[:2]>/<key>.json, and the logits beside it in <key>.logits.pt (torch.save; schema 4's

@@ -18,7 +18,7 @@ def render_run_py(
 ) -> str:
     """model_code: a module to import before loading (it registers a model_type Transformers lacks).
     eval_tasks: the probe's --eval tasks (embedded names or YAML paths): run.py scores them too, with
-    eval_recipe.py's source and the embedded tasks' files inside it."""
+    eval/recipe.py's source and the embedded tasks' files inside it."""
     recipe_source = inspect.getsource(recipe)
     header = (
         f'"""Reproduce an assay probe: greedy generation of {new_tokens} tokens with a static cache under\n'

@@ -16,10 +16,11 @@ from assay.core.errors import AssayError
 RESOURCE_NAME = {"cuda": "num_gpus"}  # other accelerators are custom resources named after the device type
 
 
-def _probe_task(plan: ProbePlan, timeout: float, memory_limit_bytes, env: dict) -> dict:
+def _probe_task(plan_json: str, timeout: float, memory_limit_bytes, env: dict) -> dict:
+    # The plan travels as its JSON (what the probe's child reads too), not as a pickled object.
     from assay.compat.run.isolate import run_isolated
 
-    return run_isolated(plan, timeout=timeout, memory_limit_bytes=memory_limit_bytes, env=env)
+    return run_isolated(ProbePlan.from_json(plan_json), timeout=timeout, memory_limit_bytes=memory_limit_bytes, env=env)
 
 
 def run_on_ray(plans: list[ProbePlan], needs: dict, request, cache_env: dict, progress) -> Iterator[dict]:
@@ -43,7 +44,7 @@ def run_on_ray(plans: list[ProbePlan], needs: dict, request, cache_env: dict, pr
         else:
             options["num_cpus"] = k
         env = cache_env | {"OMP_NUM_THREADS": str(k)}
-        pending[remote.options(**options).remote(plan, request.timeout, request.memory_limit_bytes, env)] = plan
+        pending[remote.options(**options).remote(plan.to_json(), request.timeout, request.memory_limit_bytes, env)] = plan
         progress.started(plan.row["model"])
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
