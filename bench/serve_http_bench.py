@@ -54,7 +54,7 @@ def start_server(model_dir: Path, max_waiting: int, cache_dir: str) -> tuple[sub
     env = os.environ.copy() | {"TORCHINDUCTOR_CACHE_DIR": cache_dir}
     start = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "assay", "serve", "--model", str(model_dir), "--port", "0", "--max-seqs", str(MAX_SEQS),
+        [sys.executable, "-m", "assay", "serve", "--model", str(model_dir), "--port", "0", "--compile", "--max-seqs", str(MAX_SEQS),
          "--max-waiting", str(max_waiting)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
