@@ -77,11 +77,11 @@ class Output:
     """What vLLM's RequestFuncOutput records of one request, and what it saw of the stream."""
 
     status: int
-    success: bool = False
-    output_tokens: int | None = None
-    prompt_len: int | None = None
+    messages: list[str] = field(default_factory=list)  # every SSE message, in order
+    success: bool = False  # 200 and a message with choices
     text: str = ""
-    messages: list[str] = field(default_factory=list)
+    output_tokens: int | None = None  # usage.completion_tokens
+    prompt_len: int | None = None  # usage.prompt_tokens
 
 
 def _messages(buffer: str, decoded: str) -> tuple[list[str], str]:
