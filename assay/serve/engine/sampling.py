@@ -10,9 +10,9 @@ Order, as Transformers' logits processors apply them: first what the choice's ow
 the repetition, presence and frequency penalties, serve/engine/penalties.py), then temperature, top-k, top-p
 (the nucleus of the tempered distribution) and min-p, then one draw from what is left. Temperature 0 is
 greedy over the penalized logits (top-k, top-p and min-p change nothing there). vLLM applies min-p before
-top-k and top-p; the two orders differ only when min_p and top_p < 1 are asked for together. Sampling runs on the CPU, outside the compiled decode graph, each
-request with its own torch.Generator, so a seed gives the same tokens compiled or eager and whatever else
-shares the batch.
+top-k and top-p; the two orders differ only when min_p and top_p < 1 are asked for together. Sampling runs
+on the CPU, outside the compiled decode graph, each request with its own torch.Generator, so a seed gives the
+same tokens compiled or eager and whatever else shares the batch.
 
 n choices of one prompt (Sampling.for_choice): choice j draws from its own generator seeded with seed + j (modulo
 2**64), so choice 0 is the answer the same request with n = 1 gets, and a seeded request is reproducible.
@@ -148,6 +148,7 @@ class Sampling:
         return cls(params, torch.Generator(device="cpu").manual_seed(seed), history)
 
     def fork(self, index: int) -> Sampling:
+        """Choice `index`'s random stream (a choice's token history is its own: new_request starts one each)."""
         return Sampling.for_choice(self.params, index)
 
     @property

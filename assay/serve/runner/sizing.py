@@ -124,7 +124,10 @@ def check_pool_fits(slot_model: SlotModel, max_seqs: int, dtype: torch.dtype, ma
 
 
 def _size(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**28 else f"{n_bytes / 2**20:.1f} MiB"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n_bytes >= scale / 4:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes / 2**10:.3g} KiB"
 
 
 __all__ = [
