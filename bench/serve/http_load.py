@@ -51,7 +51,7 @@ def prompts(model_dir: Path, count: int, seed: int = 0) -> list[list[int]]:
 
 
 def serve_flags(model_dir: Path, max_waiting: int) -> list:
-    return ["--model", model_dir, "--port", 0, "--max-seqs", MAX_SEQS, "--max-waiting", max_waiting]
+    return ["--model", model_dir, "--port", 0, "--compile", "--max-seqs", MAX_SEQS, "--max-waiting", max_waiting]
 
 
 def one_request(client: httpx.Client, url: str, prompt: list[int]) -> dict:

@@ -324,6 +324,7 @@ class Engine:
     def _emit(self, request: EngineRequest, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
         index = len(request.generated)
         request.generated.append(token)
+        request.sampling.append(token)
         request.last_token = token
         self._stats.token(request.request_id, now())
         reason = "stop" if token in request.stop_token_ids else "length" if len(request.generated) >= request.max_tokens else None

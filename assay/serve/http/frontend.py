@@ -12,6 +12,8 @@ from typing import AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from assay.core.errors import AssayError
+
 from assay.serve.engine.engine import Engine
 from assay.serve.engine.loop import EngineFailed, EngineLoop
 from assay.serve.engine.sampling import SamplingParams
@@ -148,7 +150,11 @@ class Frontend:
         """The request's SamplingParams, built once here: the stop strings, the stop token ids with the model's
         end-of-text ones (unless ignore_eos), then the body's fields (and what the route derives)."""
         eos = () if body.ignore_eos else self.eos_ids
-        return body.sampling_params(stop=tuple(body.stop_strings()), stop_token_ids=tuple(body.stop_token_ids or ()) + eos, **derived)
+        try:
+            return body.sampling_params(stop=tuple(body.stop_strings()), stop_token_ids=tuple(body.stop_token_ids or ()) + eos, **derived)
+        except AssayError as exc:  # what depends on two fields (min_tokens > max_tokens); each field's range is the schema's
+            field = str(exc).split(" ", 1)[0]
+            raise RequestError(400, str(exc), field if field in type(body).model_fields else None) from None
 
     def generation(self, prompts: list[list[int]], prefix: str) -> Generation:
         return Generation(self.engine_loop, self.metrics, self.tokenizer, prompts, prefix)

@@ -111,7 +111,7 @@ class Generation:
             for i, prompt in enumerate(self.prompts):
                 engine_id = f"{self.request_id}-{i}"
                 for j, choice_id in enumerate(choice_ids(engine_id, params.n)):
-                    choice = Choice(i * params.n + j, i, choice_id, IncrementalText(self.tokenizer, list(params.stop)))
+                    choice = Choice(i * params.n + j, i, choice_id, IncrementalText(self.tokenizer, list(params.stop), params.min_tokens))
                     self.choices.append(choice)
                     self._by_engine_id[choice_id] = choice
                 self.engine_loop.submit(engine_id, listener, prompt, params)
