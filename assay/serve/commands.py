@@ -59,7 +59,7 @@ def serve_command(executor: str, replicas: int, **settings) -> None:
     quiet_libraries()
     announce = lambda line: print(line, flush=True)  # noqa: E731
     if executor == "ray":
-        from assay.serve.ray_deployment import serve_with_ray
+        from assay.serve.ray.deployment import serve_with_ray
 
         serve_with_ray(request, replicas, announce=announce)
     else:
