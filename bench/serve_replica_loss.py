@@ -7,8 +7,9 @@ flight, and what every client got.
 The server is a subprocess over the tiny zoo Qwen3 (eager, 8 slots per replica, its own Ray instance in a
 temp dir). Requests cycle over four prompts, every other one streamed (the streams alternate greedy and
 seeded sampling; the non-streamed ones are greedy), all with ignore_eos so each asks for exactly
---max-tokens tokens. At a random moment 2-10 s in, once at least 8 requests are unfinished, one engine
-replica chosen at random gets SIGKILL. Expected texts come from an engine in this process decoding the
+--max-tokens tokens. At a random moment while --concurrency requests are unfinished (once a random number of
+requests have finished, short of the last two waves, and a random fraction of a second), one engine replica
+gets SIGKILL: the one with the most unfinished streams. Expected texts come from an engine in this process decoding the
 prompts unbroken.
 
 Targets: every non-streamed request returns 200 with --max-tokens tokens; every stream ends with [DONE] or
@@ -36,7 +37,7 @@ from pathlib import Path
 import httpx
 
 from assay.core.files import atomic_write_json
-from assay.serve.ray.deployment import replica_pids
+from assay.serve.ray.deployment import replica_processes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [11, 12, 13, 14, 15], [42, 43, 44]]
@@ -61,20 +62,22 @@ def body(i: int, max_tokens: int) -> tuple[dict, str]:
     return {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "ignore_eos": True, **sampling}, "seeded" if seeded else "greedy"
 
 
-def ask(url: str, i: int, max_tokens: int) -> dict:
+def ask(url: str, i: int, max_tokens: int, streaming_on: dict) -> dict:
     request, mode = body(i, max_tokens)
     record = {"index": i, "mode": mode, "streamed": i % 2 == 1, "start": time.monotonic()}
     try:
         if not record["streamed"]:
             response = httpx.post(f"{url}/v1/completions", json=request, timeout=HANG_S)
-            record |= {"status": response.status_code, "reruns": int(response.headers.get("x-assay-reruns", "0"))}
+            record |= {"status": response.status_code, "reruns": int(response.headers.get("x-assay-reruns", "0")),
+                       "server": response.headers.get("x-assay-server")}
             if response.status_code == 200:
                 answer = response.json()
                 record |= {"text": answer["choices"][0]["text"], "tokens": answer["usage"]["completion_tokens"]}
         else:
             texts, ended = [], None
             with httpx.stream("POST", f"{url}/v1/completions", json=request | {"stream": True}, timeout=HANG_S) as response:
-                record["status"] = response.status_code
+                record |= {"status": response.status_code, "server": response.headers.get("x-assay-server")}
+                streaming_on[i] = record["server"]
                 for line in response.iter_lines():
                     payload = line.removeprefix("data: ")
                     if not payload:
@@ -114,26 +117,34 @@ def run(args) -> dict:
         if "replicas" not in line:
             raise SystemExit(f"the server did not start: {line!r}")
         url = line.rsplit(" ", 1)[-1].strip()
-        pids = replica_pids(process.pid)
-        in_flight, lock, kill, health = [0], threading.Lock(), {}, []
+        replicas = replica_processes(process.pid)  # {replica id: pid}
+        in_flight, finished, lock, kill, health, streaming_on = [0], [0], threading.Lock(), {}, [], {}
         started = time.monotonic()
 
         def tracked(i: int) -> dict:
             with lock:
                 in_flight[0] += 1
             try:
-                return ask(url, i, args.max_tokens)
+                return ask(url, i, args.max_tokens, streaming_on)
             finally:
                 with lock:
                     in_flight[0] -= 1
+                    finished[0] += 1
+                    streaming_on.pop(i, None)
 
         def killer() -> None:
-            time.sleep(random.uniform(2.0, 10.0))
-            while in_flight[0] < 8:
+            # A random moment while the pool still keeps --concurrency requests going: once a random number
+            # of requests have finished (none of the last waves), then a random fraction of a second.
+            after = random.randrange(0, max(args.requests - 2 * args.concurrency, 1))
+            while finished[0] < after:
                 time.sleep(0.01)
-            victim = random.choice(pids)
-            os.kill(victim, signal.SIGKILL)
-            kill.update(pid=victim, at_s=time.monotonic() - started, in_flight=in_flight[0], monotonic=time.monotonic())
+            time.sleep(random.uniform(0.0, 1.0))
+            with lock:  # the replica with the most unfinished streams (Ray does not always spread them evenly)
+                on = list(streaming_on.values())
+                victim = max(replicas, key=on.count)
+                os.kill(replicas[victim], signal.SIGKILL)
+                kill.update(replica=victim, at_s=time.monotonic() - started, in_flight=in_flight[0], streams_on_it=on.count(victim), after=after,
+                            monotonic=time.monotonic())
             while time.monotonic() - kill["monotonic"] < 120:
                 status = httpx.get(f"{url}/health", timeout=30).json()
                 health.append((time.monotonic() - kill["monotonic"], status["status"]))
@@ -141,7 +152,7 @@ def run(args) -> dict:
                     break
                 time.sleep(0.25)
 
-        thread = threading.Thread(target=killer)
+        thread = threading.Thread(target=killer, daemon=True)
         thread.start()
         with ThreadPoolExecutor(args.concurrency) as pool:
             records = list(pool.map(tracked, range(args.requests)))
@@ -154,6 +165,13 @@ def run(args) -> dict:
             os.killpg(process.pid, signal.SIGKILL)
         shutil.rmtree(ray_tmp, ignore_errors=True)
     return report(args, records, expected, kill, health, scraped, time.monotonic() - started)
+
+
+def _count(servers) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for server in servers:
+        counts[str(server)] = counts.get(str(server), 0) + 1
+    return counts
 
 
 def _metric(text: str, name: str) -> float:
@@ -176,6 +194,9 @@ def report(args, records, expected, kill, health, scraped, wall_s) -> dict:
         "kill": {k: v for k, v in kill.items() if k != "monotonic"}, "degraded_seen": any(s == "degraded" for _, s in health),
         "healthy_again_s": back, "replica_losses": _metric(scraped, "assay_replica_losses_total"),
         "requests_rerun": _metric(scraped, "assay_requests_rerun_total"), "wall_s": round(wall_s, 1),
+        # Which replica had accepted each request unfinished at the kill (X-Assay-Server), and every request's.
+        "in_flight_at_kill_by_replica": _count(r.get("server") for r in records if r["start"] <= kill.get("monotonic", 0) < r["end"]),
+        "requests_by_replica": _count(r.get("server") for r in records),
     }
     targets = {
         "every non-streamed request 200 with all its tokens": figures["plain_200_full"] == len(plain),

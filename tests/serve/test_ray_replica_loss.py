@@ -27,7 +27,7 @@ import pytest
 from serve.test_http import metrics
 
 from assay.serve import Engine, EngineConfig, run_to_completion
-from assay.serve.ray.deployment import replica_pids
+from assay.serve.ray.deployment import replica_processes
 
 REQUESTS, CONCURRENCY, MAX_TOKENS = 40, 16, 64
 PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [11, 12, 13, 14, 15], [42, 43, 44]]
@@ -52,11 +52,13 @@ def body(i: int) -> dict:
     return {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": MAX_TOKENS, "ignore_eos": True, **sampling}
 
 
-def sse_stream(url: str, request: dict) -> tuple[str, str]:
-    """(text, how it ended: "done" | "error"), read line by line; a broken body raises."""
+def sse_stream(url: str, request: dict, on_server) -> tuple[str, str]:
+    """(text, how it ended: "done" | "error"), read line by line; a broken body raises. on_server(the
+    X-Assay-Server header) once the response starts."""
     text, ended = [], None
     with httpx.stream("POST", f"{url}/v1/completions", json=request | {"stream": True}, timeout=180) as response:
         assert response.status_code == 200, response.read()
+        on_server(response.headers.get("x-assay-server"))
         for line in response.iter_lines():
             if not line:
                 continue
@@ -87,16 +89,20 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
         line = process.stdout.readline()
         assert "2 replicas" in line, line
         url = line.rsplit(" ", 1)[-1].strip()
-        pids = replica_pids(process.pid)
-        assert len(pids) == 2 and httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
+        replicas = replica_processes(process.pid)  # {replica id: pid}
+        assert len(replicas) == 2
+        assert wait_for_health(url, "ok") == (200, "ok")  # the router's view of the replicas trails the controller's by a poll
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=180)
-        in_flight, started, lock = [0], [0], threading.Lock()
+        in_flight, finished, lock = [0], [0], threading.Lock()
         results: dict[int, tuple] = {}
+        streaming_on: dict[int, str] = {}  # unfinished streams -> the replica that accepted them
+
+        def on_server(i: int):
+            return lambda server: streaming_on.__setitem__(i, server)
 
         def ask(i: int) -> None:
             with lock:
                 in_flight[0] += 1
-                started[0] += 1
             try:
                 request = body(i)
                 extra = {"ignore_eos": True}
@@ -109,37 +115,42 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
                                   int(raw.headers.get("x-assay-reruns", "0")))
                 elif i % 4 == 1:  # streamed, through the openai client: an error event is its APIError
                     try:
-                        chunks = client.completions.create(model="qwen3-pretrained", prompt=request["prompt"], max_tokens=MAX_TOKENS,
-                                                           stream=True, extra_body=extra, **sampling)
-                        results[i] = ("stream", "".join(c.choices[0].text for c in chunks if c.choices), "done")
+                        raw = client.completions.with_raw_response.create(model="qwen3-pretrained", prompt=request["prompt"],
+                                                                          max_tokens=MAX_TOKENS, stream=True, extra_body=extra, **sampling)
+                        on_server(i)(raw.headers.get("x-assay-server"))
+                        results[i] = ("stream", "".join(c.choices[0].text for c in raw.parse() if c.choices), "done")
                     except openai.APIError as exc:
                         assert not isinstance(exc, openai.APIConnectionError), exc
                         results[i] = ("stream", "", "error")
                 else:  # streamed, read line by line: [DONE] or an error event, nothing after
-                    results[i] = ("stream", *sse_stream(url, request))
+                    results[i] = ("stream", *sse_stream(url, request, on_server(i)))
             finally:
                 with lock:
                     in_flight[0] -= 1
+                    finished[0] += 1
+                    streaming_on.pop(i, None)
 
         kill = {}
         health: list[str] = []
 
         def killer() -> None:
-            delay = random.uniform(0.5, 3.0)  # after the first 16 are sent: a random moment in the run
-            while started[0] < CONCURRENCY:
-                time.sleep(0.05)
-            time.sleep(delay)
-            while in_flight[0] < 8:
+            # A random moment while the pool still keeps CONCURRENCY requests going: once a random number of
+            # requests have finished (none of the last wave), then a random fraction of a second.
+            after = random.randrange(0, REQUESTS - CONCURRENCY - 4)
+            deadline = time.monotonic() + 300
+            while finished[0] < after and time.monotonic() < deadline:
                 time.sleep(0.01)
-            victim = random.choice(pids)
-            os.kill(victim, signal.SIGKILL)
-            kill.update(pid=victim, in_flight=in_flight[0], delay=delay)
-            deadline = time.monotonic() + 60
+            time.sleep(random.uniform(0.0, 0.5))
+            with lock:  # the replica with the most unfinished streams (Ray does not always spread them evenly)
+                on = list(streaming_on.values())
+                victim = max(replicas, key=on.count)
+                os.kill(replicas[victim], signal.SIGKILL)
+                kill.update(replica=victim, in_flight=in_flight[0], streams_on_it=on.count(victim), after=after)
             while "degraded" not in health and time.monotonic() < deadline:
                 health.append(httpx.get(f"{url}/health", timeout=30).json()["status"])
                 time.sleep(0.2)
 
-        watcher = threading.Thread(target=killer)
+        watcher = threading.Thread(target=killer, daemon=True)
         watcher.start()
         with ThreadPoolExecutor(CONCURRENCY) as pool:
             list(pool.map(ask, range(REQUESTS), timeout=600))
@@ -163,11 +174,9 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
         assert reruns >= len(rerun)
 
         # Every engine replica killed: a request gets 503 and Retry-After at once, not a 500 or a hang.
-        for pid in replica_pids(process.pid):
+        for pid in replica_processes(process.pid).values():
             os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{url}/health", timeout=30).status_code != 503 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert wait_for_health(url, "unavailable") == (503, "unavailable")
         refused = httpx.post(f"{url}/v1/completions", json=body(0), timeout=30)
         assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1, refused.text
         assert refused.json()["error"]["type"] == "server_error"
@@ -176,6 +185,16 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
     finally:
         stop(process)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def wait_for_health(url: str, status: str, timeout_s: float = 60.0) -> tuple[int, str]:
+    """Poll /health until its status is `status` (or timeout_s passes); (HTTP status, its status) then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = httpx.get(f"{url}/health", timeout=30)
+        if response.json()["status"] == status or time.monotonic() > deadline:
+            return response.status_code, response.json()["status"]
+        time.sleep(0.1)
 
 
 def stop(process: subprocess.Popen) -> int:

@@ -83,19 +83,26 @@ def build_application(request, replicas: int):
     return router.bind(engines.bind(engine_settings), settings, replicas, APP_NAME, ENGINE_DEPLOYMENT)
 
 
-def replica_pids(server_pid: int, deployment: str = ENGINE_DEPLOYMENT) -> list[int]:
-    """The PIDs of this machine's replicas of `deployment` under the `assay serve --executor ray` process
-    server_pid, when that process started Ray itself (its raylet's workers are its descendants)."""
+def replica_processes(server_pid: int, deployment: str = ENGINE_DEPLOYMENT) -> dict[str, int]:
+    """{replica id (as X-Assay-Server names it): PID} of this machine's replicas of `deployment` under the
+    `assay serve --executor ray` process server_pid, when that process started Ray itself (the replicas are
+    its raylet's workers, so its descendants). A replica's id is in the name of the Serve log file it holds
+    open (replica_<app>_<deployment>_<id>.log)."""
     import psutil
 
-    pids = []
+    prefix = f"replica_{APP_NAME}_{deployment}_"
+    found = {}
     for child in psutil.Process(server_pid).children(recursive=True):
         try:
-            if " ".join(child.cmdline()).startswith(f"ray::ServeReplica:{APP_NAME}:{deployment}"):
-                pids.append(child.pid)
+            if not " ".join(child.cmdline()).startswith(f"ray::ServeReplica:{APP_NAME}:{deployment}"):
+                continue
+            names = [os.path.basename(f.path) for f in child.open_files()]
         except psutil.Error:  # exited meanwhile
             continue
-    return sorted(pids)
+        for name in names:
+            if name.startswith(prefix) and name.endswith(".log"):
+                found[name[len(prefix):-len(".log")]] = child.pid
+    return found
 
 
 def serve_with_ray(request, replicas: int, announce=print) -> None:
@@ -137,4 +144,4 @@ def serve_with_ray(request, replicas: int, announce=print) -> None:
     announce("stopped")
 
 
-__all__ = ["build_application", "replica_pids", "replica_resources", "serve_with_ray"]
+__all__ = ["build_application", "replica_processes", "replica_resources", "serve_with_ray"]
