@@ -8,8 +8,8 @@ The server is a subprocess over the tiny zoo Qwen3 (eager, 8 slots per replica, 
 temp dir). Requests cycle over four prompts, every other one streamed (the streams alternate greedy and
 seeded sampling; the non-streamed ones are greedy), all with ignore_eos so each asks for exactly
 --max-tokens tokens. At a random moment while --concurrency requests are unfinished (once a random number of
-requests have finished, short of the last two waves, and a random fraction of a second), one engine replica
-gets SIGKILL: the one with the most unfinished streams. Expected texts come from an engine in this process decoding the
+requests have finished, short of the last two waves), one engine replica gets SIGKILL: the one running the
+most requests (as the router's /health counts them). Expected texts come from an engine in this process decoding the
 prompts unbroken.
 
 Targets: every non-streamed request returns 200 with --max-tokens tokens; every stream ends with [DONE] or
@@ -62,7 +62,7 @@ def body(i: int, max_tokens: int) -> tuple[dict, str]:
     return {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "ignore_eos": True, **sampling}, "seeded" if seeded else "greedy"
 
 
-def ask(url: str, i: int, max_tokens: int, streaming_on: dict) -> dict:
+def ask(url: str, i: int, max_tokens: int) -> dict:
     request, mode = body(i, max_tokens)
     record = {"index": i, "mode": mode, "streamed": i % 2 == 1, "start": time.monotonic()}
     try:
@@ -77,7 +77,6 @@ def ask(url: str, i: int, max_tokens: int, streaming_on: dict) -> dict:
             texts, ended = [], None
             with httpx.stream("POST", f"{url}/v1/completions", json=request | {"stream": True}, timeout=HANG_S) as response:
                 record |= {"status": response.status_code, "server": response.headers.get("x-assay-server")}
-                streaming_on[i] = record["server"]
                 for line in response.iter_lines():
                     payload = line.removeprefix("data: ")
                     if not payload:
@@ -108,43 +107,43 @@ def run(args) -> dict:
     expected = expected_texts(model, args.max_tokens)
     ray_tmp = tempfile.mkdtemp(prefix="assay-ray-", dir="/tmp")
     env = os.environ.copy() | {"RAY_ADDRESS": "", "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+    server_log = open(Path(ray_tmp) / "server.log", "w")  # the server's stderr: shown when it fails
     process = subprocess.Popen(
         [sys.executable, "-m", "assay", "serve", "--model", str(model), "--eager", "--max-seqs", "8", "--max-len", "512",
          "--port", "0", "--executor", "ray", "--replicas", str(args.replicas)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=server_log, text=True, env=env, start_new_session=True)
     try:
         line = process.stdout.readline()
         if "replicas" not in line:
             raise SystemExit(f"the server did not start: {line!r}")
         url = line.rsplit(" ", 1)[-1].strip()
         replicas = replica_processes(process.pid)  # {replica id: pid}
-        in_flight, finished, lock, kill, health, streaming_on = [0], [0], threading.Lock(), {}, [], {}
+        in_flight, finished, lock, kill, health = [0], [0], threading.Lock(), {}, []
         started = time.monotonic()
 
         def tracked(i: int) -> dict:
             with lock:
                 in_flight[0] += 1
             try:
-                return ask(url, i, args.max_tokens, streaming_on)
+                return ask(url, i, args.max_tokens)
             finally:
                 with lock:
                     in_flight[0] -= 1
                     finished[0] += 1
-                    streaming_on.pop(i, None)
 
         def killer() -> None:
-            # A random moment while the pool still keeps --concurrency requests going: once a random number
-            # of requests have finished (none of the last waves), then a random fraction of a second.
+            # A random moment while the pool keeps --concurrency requests going (once a random number of
+            # requests, short of the last two waves, have finished), the victim the replica the router last said
+            # runs the most (Ray's routing can leave most requests on one replica).
             after = random.randrange(0, max(args.requests - 2 * args.concurrency, 1))
-            while finished[0] < after:
-                time.sleep(0.01)
-            time.sleep(random.uniform(0.0, 1.0))
-            with lock:  # the replica with the most unfinished streams (Ray does not always spread them evenly)
-                on = list(streaming_on.values())
-                victim = max(replicas, key=on.count)
-                os.kill(replicas[victim], signal.SIGKILL)
-                kill.update(replica=victim, at_s=time.monotonic() - started, in_flight=in_flight[0], streams_on_it=on.count(victim), after=after,
-                            monotonic=time.monotonic())
+            running = {}
+            while finished[0] < after or not running:
+                running = httpx.get(f"{url}/health", timeout=30).json()["replicas"]["running"]
+                time.sleep(0.02)
+            victim = max(replicas, key=lambda replica: running.get(replica, 0))
+            os.kill(replicas[victim], signal.SIGKILL)
+            kill.update(replica=victim, at_s=time.monotonic() - started, in_flight=in_flight[0], running=running, after=after,
+                        monotonic=time.monotonic())
             while time.monotonic() - kill["monotonic"] < 120:
                 status = httpx.get(f"{url}/health", timeout=30).json()
                 health.append((time.monotonic() - kill["monotonic"], status["status"]))
@@ -160,9 +159,13 @@ def run(args) -> dict:
         scraped = httpx.get(f"{url}/metrics", timeout=30).text
         process.send_signal(signal.SIGINT)
         process.wait(120)
+    except BaseException:
+        print((Path(ray_tmp) / "server.log").read_text()[-5000:], file=sys.stderr)
+        raise
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+        server_log.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
     return report(args, records, expected, kill, health, scraped, time.monotonic() - started)
 
@@ -193,7 +196,8 @@ def report(args, records, expected, kill, health, scraped, wall_s) -> dict:
         "hung": sum(bool(r.get("hung")) for r in records), "broken": [r["broken"] for r in records if r.get("broken")],
         "kill": {k: v for k, v in kill.items() if k != "monotonic"}, "degraded_seen": any(s == "degraded" for _, s in health),
         "healthy_again_s": back, "replica_losses": _metric(scraped, "assay_replica_losses_total"),
-        "requests_rerun": _metric(scraped, "assay_requests_rerun_total"), "wall_s": round(wall_s, 1),
+        "requests_rerun": _metric(scraped, "assay_requests_rerun_total"),
+        "requests_rerun_after_tokens_sent": _metric(scraped, 'assay_requests_rerun_total{sent="tokens"}'), "wall_s": round(wall_s, 1),
         # Which replica had accepted each request unfinished at the kill (X-Assay-Server), and every request's.
         "in_flight_at_kill_by_replica": _count(r.get("server") for r in records if r["start"] <= kill.get("monotonic", 0) < r["end"]),
         "requests_by_replica": _count(r.get("server") for r in records),

@@ -84,13 +84,16 @@ class _Run:
 
 
 class RemoteEngine:
-    def __init__(self, handle, facts: EngineFacts, watch: ReplicaWatch, on_rerun: Callable[[bool], None] = lambda sent: None):
+    def __init__(self, handle, facts: EngineFacts, watch: ReplicaWatch, on_rerun: Callable[[bool], None] = lambda sent: None,
+                 on_replica: Callable[[str, int], None] = lambda replica, count: None):
         self.handle = handle.options(stream=True)
         self.facts = facts
         self.watch = watch
         self.on_rerun = on_rerun  # called with whether tokens had already been sent
+        self.on_replica = on_replica  # (replica id, its requests now): one was accepted there, or ended there
         self.runs: dict[str, _Run] = {}  # choice id -> its run
         self.active = 0
+        self.running_on: dict[str, int] = {}  # replica id -> engine requests accepted there and not yet ended
 
     @property
     def alive(self) -> bool:
@@ -168,14 +171,15 @@ class RemoteEngine:
         from ray.exceptions import RayActorError
 
         stream = self.handle.generate.remote(run.request_id, run.prompt, run.params)
-        actor_id, ended = None, False
+        actor_id, replica, ended = None, None, False
         try:
             message = await self._first(stream)
             if isinstance(message, Refused):
                 raise RemoteFailure(message.message, message.status)
             if isinstance(message, Failed):
                 raise RemoteFailure(message.message)
-            actor_id = message.actor_id
+            actor_id, replica = message.actor_id, message.replica
+            self._count(replica, 1)
             if run.exchange is not None:
                 run.exchange.accepted(message.replica)
             async for message in stream:
@@ -188,8 +192,18 @@ class RemoteEngine:
         except RayActorError as exc:
             return getattr(exc, "actor_id", None) or actor_id or "unknown"
         finally:
+            if replica is not None:
+                self._count(replica, -1)
             if not ended:
                 stream.cancel()  # aborted or failed: the replica (if it lives) aborts the request in its engine
+
+    def _count(self, replica: str, change: int) -> None:
+        count = self.running_on.get(replica, 0) + change
+        if count:
+            self.running_on[replica] = count
+        else:
+            self.running_on.pop(replica, None)
+        self.on_replica(replica, count)
 
     async def _first(self, stream) -> Accepted | Refused | Failed:
         """The replica's first message, or ReplicasUnavailable once no replica is live (or ACCEPT_LIMIT_S passed)."""

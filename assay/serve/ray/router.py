@@ -16,10 +16,11 @@ import os
 
 
 class FailoverMetrics:
-    """assay_replica_losses_total and assay_requests_rerun_total{sent=none|tokens}, in the router's registry."""
+    """assay_replica_losses_total, assay_requests_rerun_total{sent=none|tokens} and
+    assay_replica_requests{replica=id}, in the router's registry."""
 
     def __init__(self, registry):
-        from prometheus_client import Counter
+        from prometheus_client import Counter, Gauge
 
         self.losses = Counter("assay_replica_losses", "Engine replicas lost (died, or failed their health check) while serving.",
                               registry=registry)
@@ -27,9 +28,17 @@ class FailoverMetrics:
                                                       "tokens had already been sent.", ["sent"], registry=registry)
         for sent in ("none", "tokens"):
             self.reruns.labels(sent)
+        self.on_replicas = Gauge("assay_replica_requests", "Engine requests the router has running on each engine replica "
+                                                           "(accepted there, not yet ended).", ["replica"], registry=registry)
 
     def rerun(self, sent: bool) -> None:
         self.reruns.labels("tokens" if sent else "none").inc()
+
+    def on_replica(self, replica: str, count: int) -> None:
+        if count:
+            self.on_replicas.labels(replica).set(count)
+        else:  # a replica with nothing running leaves the family (replicas come and go with new ids)
+            self.on_replicas.remove(replica)
 
 
 class Router:
@@ -58,7 +67,7 @@ class Router:
         metrics = ServerMetrics(None)
         failover = FailoverMetrics(metrics.registry)
         watch = ReplicaWatch(app_name, engine_deployment, replicas, on_loss=failover.losses.inc)
-        remote = RemoteEngine(engines, facts, watch, on_rerun=failover.rerun)
+        remote = RemoteEngine(engines, facts, watch, on_rerun=failover.rerun, on_replica=failover.on_replica)
         model_name = serve_request.served_model_name or os.path.basename(folder)
         frontend = Frontend(remote, tokenizer, facts.limits, model_name, metrics, retry_after_s=1)
         board = metrics_board.board(ray)
@@ -72,7 +81,7 @@ class Router:
             finally:
                 task.cancel()
 
-        self._app = create_api(frontend, watch.health, lifespan, api_key=serve_request.api_key,
+        self._app = create_api(frontend, lambda: watch.health(remote.running_on), lifespan, api_key=serve_request.api_key,
                                max_request_bytes=serve_request.max_request_bytes,
                                metrics_text=lambda: metrics_board.scrape_all(board, metrics.snapshot()))
         self._app.add_middleware(ReplicaHeader)  # outermost: every response names the engine replica that ran it

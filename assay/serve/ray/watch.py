@@ -1,7 +1,7 @@
 """Which engine replicas are alive, as the router sees them: the Serve controller's list of replicas (polled
 every POLL_S), less those the router has itself seen die (a request's stream broke) and the controller has
 not yet noticed. /health answers from it: ok, degraded (fewer live replicas than asked for: one is being
-restarted) or, with none live, 503.
+restarted) or, with none live, 503; with the requests the router has running on each replica.
 
 A replica counts as lost once, whether the router saw it die under a request or it left the controller's
 running set while idle.
@@ -47,10 +47,11 @@ class ReplicaWatch:
             self.dead.add(actor_id)
             self.on_loss()
 
-    def health(self) -> tuple[int, dict]:
+    def health(self, running: dict[str, int] | None = None) -> tuple[int, dict]:
+        """(HTTP status, body) of /health; running: the engine requests the router has on each replica."""
         live = self.live
         body = {"status": "ok" if live >= self.asked else "degraded" if live else "unavailable",
-                "replicas": {"live": live, "asked": self.asked}}
+                "replicas": {"live": live, "asked": self.asked, "running": dict(running or {})}}
         return (200 if live else 503), body
 
     def update(self, replicas: list[dict]) -> None:
