@@ -60,7 +60,7 @@ def serve_command(executor: str, replicas: int, **settings) -> None:
     show_progress()
     announce = lambda line: print(line, flush=True)  # noqa: E731
     if executor == "ray":
-        from assay.serve.ray_deployment import serve_with_ray
+        from assay.serve.ray.deployment import serve_with_ray
 
         quiet_libraries()
         serve_with_ray(request, replicas, announce=announce)

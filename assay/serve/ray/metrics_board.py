@@ -1,12 +1,12 @@
-"""/metrics over every Ray Serve replica: whichever replica Ray routes a scrape to answers with the sum of
-all of them, read at that moment.
+"""/metrics over every Ray Serve engine replica: the router answers a scrape with its own counts (the HTTP
+outcomes, the replicas lost, the requests run again) plus the sum over every engine replica, read then.
 
-Ray Serve routes a request to one replica and has no broadcast, so the replicas meet at a named actor,
+Ray Serve routes a request to one replica and has no broadcast, so the engine replicas meet at a named actor,
 the board. Each replica runs a reporter thread that long-polls the board; a scrape raises the board's
 epoch, every live reporter answers with its replica's snapshot (metrics.ServerMetrics.snapshot, a few
-dozen numbers), and the board hands the scraping replica one snapshot per replica, each taken after the
-scrape began. A replica that has not polled for STALE_S is taken as gone; one that does not answer
-within SCRAPE_TIMEOUT_S is left out, and assay_replicas says how many were summed.
+dozen numbers), and the board hands the router one snapshot per replica, each taken after the scrape
+began. A replica that has not polled for STALE_S is taken as gone; one that does not answer within
+SCRAPE_TIMEOUT_S is left out, and assay_replicas says how many were summed.
 """
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ import asyncio
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the board's own process (and the driver that creates it) never loads torch
+    from assay.serve.http.metrics import Snapshot
 
 BOARD_NAME = "assay-metrics-board"
 BOARD_NAMESPACE = "assay"
@@ -105,8 +109,10 @@ def start_reporter(ray, board_handle, replica_id: str, snapshot) -> threading.Ev
     return stop
 
 
-async def scrape_all(board_handle) -> bytes:
-    """The Prometheus text of every replica's metrics, summed (what /metrics answers under Ray Serve)."""
+async def scrape_all(board_handle, own: Snapshot) -> bytes:
+    """The Prometheus text of the router's own snapshot and every engine replica's, summed (what /metrics
+    answers under Ray Serve); assay_replicas counts the engine replicas."""
     from assay.serve.http.metrics import render_sum
 
-    return render_sum(await board_handle.scrape.remote())
+    replicas = await board_handle.scrape.remote()
+    return render_sum([*replicas, own], replicas=len(replicas))
