@@ -1,7 +1,7 @@
 """A replica lost under load: `assay serve --executor ray`, one engine replica SIGKILLed while requests are in
 flight, and what every client got.
 
-    python bench/serve_replica_loss.py [--requests 200] [--concurrency 16] [--max-tokens 256] [--replicas 2]
+    python bench/serve/replica_loss.py [--requests 200] [--concurrency 16] [--max-tokens 256] [--replicas 2]
         [--zoo DIR] [--out bench/results/serve_replica_loss.json]     -> exit 1 when a target is missed
 
 The server is a subprocess over the tiny zoo Qwen3 (eager, 8 slots per replica, its own Ray instance in a
@@ -36,10 +36,11 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `bench.*` and this checkout's `assay`
+
 from assay.core.files import atomic_write_json
 from assay.serve.ray.deployment import replica_processes
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.common import RESULTS
 PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [11, 12, 13, 14, 15], [42, 43, 44]]
 SEED, TEMPERATURE = 1234, 0.8
 HANG_S = 300.0
