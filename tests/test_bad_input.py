@@ -16,7 +16,7 @@ import pytest
 from compat.test_dataset import make_row
 from helpers.cli import run_assay
 
-from assay.compat.dataset import MARKER, write_rows
+from assay.compat.results.dataset import MARKER, write_rows
 from assay.core.checks import TOKENIZER_FILES
 
 # ------------------------------------------------------------------ the inputs, built once

@@ -83,10 +83,10 @@ def test_the_checks_catch_what_they_are_for():
              "ASSAY_PLUGINS=helpers.misbehaving_backends")
     assert internal_references([clean]) == []
     cited = [(REPO / "README.md", 1, "run `bench/no_such_script.py`, see [it](docs/no_such_page.md)"),
-             (REPO / "README.md", 2, "`bench/results/recall_defaults_{qwen3,no_such}.json`"),
+             (REPO / "README.md", 2, "`bench/results/gla_{gates,no_such}.json`"),
              (REPO / "README.md", 3, "`assay/cli.py`, [the app](docs/app.md#the-views), `assay/models/<arch>/`")]
     assert [entry.split(": ", 1)[1] for entry in missing_citations(cited)] == [
-        "bench/no_such_script.py", "docs/no_such_page.md", "bench/results/recall_defaults_no_such.json"]
+        "bench/no_such_script.py", "docs/no_such_page.md", "bench/results/gla_no_such.json"]
 
 
 def test_readme_is_a_short_guide():

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Serve the read-only web app over a results folder (Gradio)."""
         from assay.app.catalog import resolve_catalog
-        from assay.compat.dataset import check_results
+        from assay.compat.results.dataset import check_results
 
         folder = check_results(folder)
         chosen = resolve_catalog(folder, catalog)
@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
         """Write a folder that runs as-is as a Hugging Face Space (app.py, requirements.txt, README.md, data/)."""
         from assay.app.catalog import resolve_catalog
         from assay.app.space import check_out, export_space
-        from assay.compat.dataset import check_results
+        from assay.compat.results.dataset import check_results
         from assay.core.output import print_json, print_key_values
 
         check_results(results)

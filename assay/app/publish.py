@@ -3,7 +3,7 @@
 The folder the Hub's tools open as it is: one Parquet file per stack under data/, and a README.md
 dataset card whose YAML front matter has one `configs:` entry per stack, so that
 `datasets.load_dataset(OUT, name=STACK)` (or the Hub's viewer) reads that stack's rows. The same
-card is how assay reads the folder back (assay.compat.dataset.stack_files): `assay app OUT`,
+card is how assay reads the folder back (assay.compat.results.dataset.stack_files): `assay app OUT`,
 `assay results OUT` and `assay diff OUT` work on a published folder or a local snapshot of one.
 
 The folder is built beside OUT and renamed into place (assay.core.files.atomic_folder): a reader
@@ -21,8 +21,8 @@ from pathlib import Path
 import assay
 from assay.app.catalog import resolve_catalog, save_catalog
 from assay.app.results.status import compiler_version, transformers_version
-from assay.compat.dataset import CARD, card_front_matter, check_results, stack_files
-from assay.compat.schema import SCHEMA, SCHEMA_VERSION, STATUSES
+from assay.compat.results.dataset import CARD, card_front_matter, check_results, stack_files
+from assay.compat.results.schema import SCHEMA, SCHEMA_VERSION, STATUSES
 from assay.core.errors import AssayError
 from assay.core.files import atomic_folder, atomic_path, atomic_write_text
 

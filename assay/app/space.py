@@ -16,15 +16,15 @@ from pathlib import Path
 
 import assay
 from assay.app.catalog import Catalog, save_catalog
-from assay.compat.dataset import MARKER, check_results, stack_files
+from assay.compat.results.dataset import MARKER, check_results, stack_files
 from assay.core.checks import check_output_folder
 from assay.core.errors import AssayError
 from assay.core.files import atomic_folder, atomic_path, atomic_write_text
 
 # The app's import closure, as files of this package; every __init__.py is generated (see below).
 VENDORED_MODULES = (
-    "core/errors.py", "core/files.py", "core/dtypes.py",
-    "compat/request.py", "compat/schema.py", "compat/dataset.py", "compat/diff.py", "compat/signature.py",
+    "core/errors.py", "core/files.py",
+    *(f"compat/results/{name}.py" for name in ("schema", "dataset", "diff", "signature")),
     "app/catalog.py", "app/charts.py", "app/ui.py",
     *(f"app/results/{name}.py" for name in ("status", "cells", "accuracy", "snapshot", "listing", "query", "model_page", "analysis")),
 )
@@ -126,15 +126,15 @@ def export_space(out: str | Path, results: str | Path, catalog: Catalog, title: 
 
 
 def _write_space(out: Path, results: Path, catalog: Catalog, title: str) -> SpaceExport:
-    from assay.compat.dataset import connect
-    from assay.compat.schema import SCHEMA_VERSION
+    from assay.compat.results.dataset import connect
+    from assay.compat.results.schema import SCHEMA_VERSION
 
     written: list[str] = []
     package = Path(assay.__file__).resolve().parent
     for relative in VENDORED_MODULES:
         _copy(package / relative, out / "assay" / relative)
         written.append(f"assay/{relative}")
-    for sub in ("", "core/", "compat/", "app/", "app/results/"):
+    for sub in ("", "core/", "compat/", "compat/results/", "app/", "app/results/"):
         atomic_write_text(out / "assay" / sub / "__init__.py",
                           f'"""Vendored from assay {assay.__version__} by assay export-space."""\n'
                           + (f'\n__version__ = "{assay.__version__}"\n' if not sub else ""))

@@ -47,7 +47,7 @@ def eval_option():
 def eval_setting(tasks: Optional[str]) -> tuple[str, ...]:
     if tasks is None:
         return ()
-    from assay.compat.eval_tasks import parse_eval_tasks  # no lm_eval import: only the names and files are checked
+    from assay.compat.eval.task_files import parse_eval_tasks  # no lm_eval import: only the names and files are checked
 
     return parse_eval_tasks(tasks)
 
@@ -120,8 +120,8 @@ def probe_command(
     positive("--memory-limit-gb", memory_limit_gb)
     positive("--triage-budget", triage_budget)
     evals = eval_setting(eval_tasks)
-    from assay.compat.request import ProbeRequest
-    from assay.compat.request_checks import check_probe_request
+    from assay.compat.probe.request import ProbeRequest
+    from assay.compat.probe.request_checks import check_probe_request
 
     limit = _gib(memory_limit_gb)
     request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism,
@@ -129,14 +129,14 @@ def probe_command(
                            eval_tasks=evals)
     check_probe_request(request)  # paths, names and numbers: before torch is imported
     quiet_libraries()
-    from assay.compat.probe import probe_and_record
+    from assay.compat.run.single import probe_and_record
     from assay.core.output import STATUS_STYLES, print_json, print_table
 
-    row = probe_and_record(request, out, timeout=timeout, memory_limit_bytes=limit)
-    from assay.compat.triage import TRIAGED, triage_row
+    row = probe_and_record(request, out, timeout=timeout, memory_limit_bytes=limit, progress=True)
+    from assay.compat.run.triage import TRIAGED, triage_row
 
     if triage and row["status"] in TRIAGED:
-        from assay.compat.dataset import write_row
+        from assay.compat.results.dataset import write_row
 
         row.update(triage_row(row, triage_budget).row_columns())
         write_row(out, row)
@@ -160,8 +160,8 @@ def results_command(
     json_out: bool = json_option(),
 ):
     """What was tested, on which stack, with what result."""
-    from assay.compat.dataset import query
-    from assay.compat.schema import STATUSES
+    from assay.compat.results.dataset import query
+    from assay.compat.results.schema import STATUSES
     from assay.core.output import STATUS_STYLES, print_json, print_table
 
     if status and status.upper() not in STATUSES:
@@ -192,7 +192,7 @@ def diff_command(
     json_out: bool = json_option(),
 ):
     """Per model, the status change between two stacks: regressions first; pass rate over models on both."""
-    from assay.compat.diff import diff_stacks
+    from assay.compat.results.diff import diff_stacks
     from assay.core.output import print_json, print_table
 
     result = diff_stacks(folder, base, new)
@@ -244,9 +244,9 @@ def sweep_command(
     positive("--memory-limit-gb", memory_limit_gb)
     positive("--device-memory-gb", device_memory_gb)
     evals = eval_setting(eval_tasks)
-    from assay.compat.models_list import collect_models, parse_shard, shard_models
-    from assay.compat.request import ProbeRequest, SweepRequest
-    from assay.compat.request_checks import check_sweep_request
+    from assay.compat.run.models_list import collect_models, parse_shard, shard_models
+    from assay.compat.probe.request import ProbeRequest, SweepRequest
+    from assay.compat.probe.request_checks import check_sweep_request
 
     chosen = shard_models(collect_models(models or [], str(zoo) if zoo else None, str(list_file) if list_file else None), parse_shard(shard))
     request = SweepRequest(
@@ -260,7 +260,7 @@ def sweep_command(
     )
     check_sweep_request(request)  # every flag and model, before torch, the zygote, the progress display or --out
     quiet_libraries()
-    from assay.compat.sweep import is_failure, phase_summary, run_sweep
+    from assay.compat.run.sweep import is_failure, phase_summary, run_sweep
     from assay.core.output import STATUS_STYLES, print_json, print_table
 
     outcome = run_sweep(request)
@@ -288,7 +288,7 @@ def merge_command(
     json_out: bool = json_option(),
 ):
     """Merge result folders: rows of the same stack combined, one per model (the latest probe wins)."""
-    from assay.compat.dataset import check_results_target, merge_results
+    from assay.compat.results.dataset import check_results_target, merge_results
     from assay.core.output import print_json, print_table
 
     check_results_target(out)
@@ -311,7 +311,7 @@ def triage_command(
     """Minify a FAIL_COMPILE, FAIL_ACCURACY or CRASH row with torch's minifier; store and verify the repro."""
     positive("--budget", budget)
     quiet_libraries()
-    from assay.compat.triage import TriageRequest, check_triage_options, triage as triage_results
+    from assay.compat.run.triage import TriageRequest, check_triage_options, triage as triage_results
     from assay.core.output import print_json, print_table
 
     check_triage_options(budget, after)

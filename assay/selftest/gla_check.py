@@ -5,7 +5,7 @@
 Per length: the best steady time of each form on the device (float32, no grad), the chunked form's
 speed-up, and both forms' relative error against the step-by-step recurrence evaluated in float64
 on the CPU (the same reference on every device; MPS has no float64), checked against the
-("recurrence", float32) tolerance of core.numerics. Width as bench/gla_bench.py: B=1, H=4, K=V=64.
+("recurrence", float32) tolerance of core.numerics. Width as bench/gla/kernel.py: B=1, H=4, K=V=64.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ settings.py) with its flag and help, and `options` turns those fields into the c
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import typing
 from dataclasses import MISSING, fields
@@ -56,17 +57,31 @@ def serve_command(executor: str, replicas: int, **settings) -> None:
         raise AssayError("--replicas needs --executor ray (a local server is one engine)")
     check_request(request)
     engine_config(request)
-    quiet_libraries()
+    show_progress()
     announce = lambda line: print(line, flush=True)  # noqa: E731
     if executor == "ray":
-        from assay.serve.ray_deployment import serve_with_ray
+        from assay.serve.ray.deployment import serve_with_ray
 
+        quiet_libraries()
         serve_with_ray(request, replicas, announce=announce)
     else:
         from assay.serve.launch import serve
 
         serve(request, announce=announce)
     sys.stdout.flush()
+
+
+def show_progress() -> None:
+    """The start-up's progress (the "assay.serve" log at INFO: loading, the pool, each width compiled) on
+    stderr, one plain line each, so a terminal and a log file read the same; stdout keeps the URL line."""
+    logger = logging.getLogger("assay.serve")
+    if not any(getattr(handler, "assay_progress", False) for handler in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.assay_progress = True
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # once, even where the root logger has a handler too
 
 
 _PARAMETERS = options(ServeRequest) + _EXECUTION

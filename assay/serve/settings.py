@@ -21,6 +21,11 @@ class ServeRequest(EngineConfig):
     model: str = field(metadata={"flag": "--model", "help": f"checkpoint folder of a registered architecture "
                                                             f"({', '.join(builtin_arch_names())}; config.json, weights, tokenizer)"})
     no_buckets: bool = setting(False, "--no-buckets", "decode at the exact running count (each new count compiles)")
+    # On a CPU, compiling every bucket width with inductor takes minutes (5 for SmolLM2's 7 widths on 2 cores)
+    # before the first request: a plain `assay serve` there decodes eager and is ready in seconds.
+    compile: bool = setting(False, "--compile", "compile the decode step at every bucket width before serving: the default on an "
+                                                "accelerator; on a CPU the default is eager (ready in seconds) unless --backend, "
+                                                "--buckets or --no-buckets is given")
     host: str = setting("127.0.0.1", "--host", "address to listen on (0.0.0.0 for every interface)")
     port: int = setting(8000, "--port", "port to listen on (0: a free port, printed)")
     served_model_name: Optional[str] = setting(None, "--served-model-name", "the name clients pass as model (default: the folder name)")
@@ -34,9 +39,21 @@ class ServeRequest(EngineConfig):
     def __post_init__(self):
         if self.no_buckets and self.buckets not in (None, AUTO_BUCKETS):
             raise AssayError("--buckets and --no-buckets exclude each other")
+        if self.eager and self.compile:
+            raise AssayError("--eager and --compile exclude each other")
+        if not self.eager and not self.compile and self.device.split(":")[0] == "cpu" and not self.names_compiling():
+            object.__setattr__(self, "eager", True)
         if self.no_buckets:
             object.__setattr__(self, "buckets", None)
         super().__post_init__()
+
+
+    def names_compiling(self) -> bool:
+        """Whether a setting only a compiled decode reads was given (--backend, --buckets, --no-buckets)."""
+        return self.backend != _DEFAULT_BACKEND or self.buckets != AUTO_BUCKETS or self.no_buckets
+
+
+_DEFAULT_BACKEND = EngineConfig.__dataclass_fields__["backend"].default
 
 
 def engine_config(request: ServeRequest) -> EngineConfig:

@@ -87,7 +87,7 @@ def drift(max_rel: list[float]) -> dict:
 def evaluated(accuracy: list[float], reference: list[float], agreement: list[float]) -> dict:
     """Schema 5's eval columns for a row of the two embedded tasks (100 items each; the first items changed
     answer), with the verdict eval_compare gives them."""
-    from assay.compat.eval_compare import TaskComparison, row_columns
+    from assay.compat.eval.compare import TaskComparison, row_columns
 
     comparisons = [TaskComparison(task, 100, a, r, g, 0.5 * (1 - g) + 1e-4, list(range(round(100 * (1 - g)))), 12.0, 30.0)
                    for task, a, r, g in zip(("assay_cloze", "assay_next_sentence"), accuracy, reference, agreement)]

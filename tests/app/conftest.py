@@ -11,7 +11,7 @@ import pytest
 from app.builders import mixed_rows, recorded_catalog, stop, wait_until_served
 
 from assay.app.catalog import save_catalog
-from assay.compat.dataset import write_rows
+from assay.compat.results.dataset import write_rows
 from assay.core.net import free_port
 
 

@@ -6,7 +6,7 @@ import socket
 
 from compat.test_dataset import make_row
 
-from assay.compat.dataset import write_row
+from assay.compat.results.dataset import write_row
 
 
 def _one_error_line(result) -> str:

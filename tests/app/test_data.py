@@ -17,7 +17,7 @@ from assay.app.results.listing import (
 from assay.app.results.model_page import model_names, model_page, repro_py_filename, result_detail, run_py_filename
 from assay.app.results.snapshot import ResultsSource, load_snapshot
 from assay.app.results.status import ANY, ANY_FAILURE, NOT_TESTED, SKIPPED
-from assay.compat.dataset import init_results, write_row, write_rows
+from assay.compat.results.dataset import init_results, write_row, write_rows
 
 
 def _rows(listing, *columns):
@@ -204,14 +204,14 @@ def test_ten_thousand_rows_search_and_filter_correctly_and_fast(tmp_path):
     assert combined.total == expected and set(combined.table["result"]) == {SKIPPED}
     groups = failure_groups(snapshot, Filters())
     assert list(groups.table["count"]) == ["2000", "2000"]  # FAIL_RUN's one signature, OOM's reason-less status
-    # The bench (bench/app_bench.py) measures properly; this only guards against an order-of-magnitude slip.
+    # The bench (bench/compat/app.py) measures properly; this only guards against an order-of-magnitude slip.
     assert elapsed / 4 < 1.0 and load_s < 10, (elapsed, load_s)
     assert all(view in VIEWS for view in (SELECTED, TRENDING, DOWNLOADS, ALL_RESULTS))
 
 
 def test_every_status_has_its_colour_kind_and_other_text_has_none():
     from assay.app.results.status import STATUS_COLOURS, status_kind, status_style
-    from assay.compat.schema import STATUSES
+    from assay.compat.results.schema import STATUSES
 
     kinds = {result_label: status_kind(result_label) for result_label in [*STATUSES, SKIPPED, NOT_TESTED]}
     assert kinds == {"PASS": "pass", "FAIL_ACCURACY": "failure", "FAIL_LOAD": "failure", "FAIL_COMPILE": "failure",

@@ -19,8 +19,8 @@ from assay.app.catalog import save_catalog
 from assay.app.results.model_page import model_page
 from assay.app.results.snapshot import load_snapshot
 from assay.app.publish import TAG
-from assay.compat.dataset import CARD, card_front_matter, query, stack_files, write_rows
-from assay.compat.schema import SCHEMA_VERSION, STATUSES
+from assay.compat.results.dataset import CARD, card_front_matter, query, stack_files, write_rows
+from assay.compat.results.schema import SCHEMA_VERSION, STATUSES
 from assay.core.net import free_port
 
 LOAD = """

@@ -1,4 +1,4 @@
-from assay.compat.signature import error_signature, exception_line
+from assay.compat.results.signature import error_signature, exception_line
 
 
 def test_signature_is_the_exception_line_of_a_traceback():

@@ -14,7 +14,7 @@ import urllib.request
 from app.builders import OLD, mixed_rows, recorded_catalog, stop, wait_until_served
 
 from assay.app.catalog import load_catalog, save_catalog
-from assay.compat.dataset import query, write_rows
+from assay.compat.results.dataset import query, write_rows
 from assay.core.net import free_port
 
 VENDOR_CHECK = """

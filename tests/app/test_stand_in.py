@@ -8,7 +8,7 @@ from compat.test_dataset import make_row
 from assay.app.catalog import catalog_from_stand_ins
 from assay.app.results.listing import ALL_RESULTS, SELECTED, STAND_IN, THE_CHECKPOINT, Filters, list_view
 from assay.app.results.snapshot import load_snapshot
-from assay.compat.dataset import write_rows
+from assay.compat.results.dataset import write_rows
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

@@ -49,7 +49,7 @@ def test_out_that_is_a_file(assay_cli, zoo_dir, tmp_path):
 
 
 def test_unknown_status_filter(assay_cli, tmp_path):
-    from assay.compat.dataset import init_results
+    from assay.compat.results.dataset import init_results
 
     init_results(tmp_path)
     _assert_one_line_exit_2(assay_cli("results", str(tmp_path), "--status", "GREAT"), "unknown status")

@@ -8,8 +8,8 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from assay.compat.dataset import MARKER, query, stack_file, write_row
-from assay.compat.schema import COLUMNS, SCHEMA, SCHEMA_VERSION, empty_row
+from assay.compat.results.dataset import MARKER, query, stack_file, write_row
+from assay.compat.results.schema import COLUMNS, SCHEMA, SCHEMA_VERSION, empty_row
 
 DESIGN_COLUMNS = [
     "model", "task", "architecture", "status", "error", "device", "backend", "num_devices", "stack_id", "versions",
@@ -59,7 +59,7 @@ WRITER = """
 import sys, json
 sys.path.insert(0, {tests!r})
 from compat.test_dataset import make_row
-from assay.compat.dataset import write_row
+from assay.compat.results.dataset import write_row
 i = 0
 while True:
     write_row({folder!r}, make_row(f"model-{{i}}", error="x" * 20000))
@@ -98,7 +98,7 @@ def test_results_cli_table_and_json(tmp_path, assay_cli):
 
 
 def test_empty_results_folder_is_valid_and_empty(tmp_path, assay_cli):
-    from assay.compat.dataset import init_results
+    from assay.compat.results.dataset import init_results
 
     init_results(tmp_path)
     result = assay_cli("results", str(tmp_path), "--json")

@@ -2,8 +2,8 @@ import json
 
 from compat.test_dataset import make_row
 
-from assay.compat.dataset import write_row
-from assay.compat.diff import diff_stacks
+from assay.compat.results.dataset import write_row
+from assay.compat.results.diff import diff_stacks
 
 
 def _two_stacks(folder):

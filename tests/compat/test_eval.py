@@ -18,12 +18,15 @@ import torch
 from compat.test_dataset import make_row
 
 import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends)
-from assay.compat.dataset import query, write_row
-from assay.compat.diff import diff_stacks
-from assay.compat.eval_compare import AGREEMENT_MIN, TaskComparison, verdict
-from assay.compat.eval_tasks import EMBEDDED, TASKS_DIR
-from assay.compat.probe import ProbeRequest, plan_probe, probe, probe_and_record
-from assay.compat.schema import SCHEMA, SCHEMA_VERSION
+from assay.compat.results.dataset import query, write_row
+from assay.compat.results.diff import diff_stacks
+from assay.compat.eval.compare import AGREEMENT_MIN, TaskComparison, verdict
+from assay.compat.eval.task_files import EMBEDDED, TASKS_DIR
+from assay.compat.probe.execute import probe
+from assay.compat.probe.plan import plan_probe
+from assay.compat.probe.request import ProbeRequest
+from assay.compat.run.single import probe_and_record
+from assay.compat.results.schema import SCHEMA, SCHEMA_VERSION
 from assay.core.numerics import tolerance
 
 BOTH = ("assay_cloze", "assay_next_sentence")
@@ -31,8 +34,8 @@ BOTH = ("assay_cloze", "assay_next_sentence")
 
 def _cached_reference(plan, task: str) -> dict:
     """The reference's per-item scores of one task, as the probe stored them in the reference cache."""
-    from assay.compat import eval_recipe
-    from assay.compat.reference_cache import ReferenceCache, default_root, eval_reference_key
+    from assay.compat.eval import recipe as eval_recipe
+    from assay.compat.probe.reference_cache import ReferenceCache, default_root, eval_reference_key
 
     sha = eval_recipe.task_content_sha256(eval_recipe.load_task(TASKS_DIR / f"{task}.yaml"))
     return ReferenceCache(default_root()).load_eval(eval_reference_key(plan, sha, "float32"))
@@ -114,7 +117,7 @@ def test_schema_4_files_still_read_with_the_eval_columns_null(tmp_path):
     write_row(tmp_path, row | {"stack_id": "cpu-eager-v5", "eval_tasks": ["assay_cloze"], "eval_status": "DISAGREE", "eval_agreement_min": 0.5})
     rows = {r["stack_id"]: r for r in query(tmp_path)}
     assert rows["cpu-eager-v4"]["schema_version"] == 4 and rows["cpu-eager-v4"]["eval_status"] is None
-    assert rows["cpu-eager-v5"]["schema_version"] == SCHEMA_VERSION == 5
+    assert rows["cpu-eager-v5"]["schema_version"] == SCHEMA_VERSION == 6
     [change] = diff_stacks(tmp_path, "v4", "v5").changes
     assert change.kind == "eval_regressed" and change.base_eval is None and change.new_eval == "DISAGREE 0.50"
 
@@ -133,7 +136,7 @@ def test_diff_puts_an_eval_regression_after_status_regressions(tmp_path):
 
 @pytest.mark.slow
 def test_a_probe_without_eval_never_imports_lm_eval(zoo_dir):
-    script = (f"import sys\nfrom assay.compat.probe import ProbeRequest, probe\n"
+    script = (f"import sys\nfrom assay.compat.probe.execute import probe\nfrom assay.compat.probe.request import ProbeRequest\n"
               f"row = probe(ProbeRequest({str(zoo_dir / 'qwen3')!r}, backend='eager', new_tokens=2))\n"
               "print(row['status'], 'lm_eval' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
@@ -195,7 +198,7 @@ def test_the_embedded_tasks_are_a_hundred_checked_items_each_shipped_as_package_
 
     import yaml
 
-    from assay.compat.eval_tasks import _TaskYamlLoader
+    from assay.compat.eval.task_files import _TaskYamlLoader
 
     for name in EMBEDDED:
         config = yaml.load((TASKS_DIR / f"{name}.yaml").read_text(), Loader=_TaskYamlLoader)
@@ -206,12 +209,12 @@ def test_the_embedded_tasks_are_a_hundred_checked_items_each_shipped_as_package_
         assert item["target"].isalpha() and item["target"] in item["context"]  # LAMBADA's kind: the passage used the word
     for item in (json.loads(line) for line in (TASKS_DIR / "assay_next_sentence.jsonl").read_text().splitlines()):
         assert len(set(item["choices"])) == 4 and 0 <= item["label"] < 4
-    pyproject = tomllib.loads((TASKS_DIR.parents[2] / "pyproject.toml").read_text())
-    assert set(pyproject["tool"]["setuptools"]["package-data"]["assay.compat.tasks"]) == {"*.yaml", "*.jsonl"}
+    pyproject = tomllib.loads((TASKS_DIR.parents[3] / "pyproject.toml").read_text())
+    assert set(pyproject["tool"]["setuptools"]["package-data"]["assay.compat.eval.tasks"]) == {"*.yaml", "*.jsonl"}
 
 
 def test_the_builder_is_deterministic_and_gives_the_shipped_files_from_their_corpus(tmp_path):
-    from assay.compat.tasks.build import build, corpus_sha256
+    from assay.compat.eval.tasks.build import build, corpus_sha256
 
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir(), second.mkdir()

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends in this process too)
-from assay.compat.isolate import run_isolated
-from assay.compat.probe import ProbeRequest, classify_exception, plan_probe
+from assay.compat.run.isolate import run_isolated
+from assay.compat.probe.plan import plan_probe
+from assay.compat.probe.request import ProbeRequest, classify_exception
 
 TESTS = str(Path(__file__).resolve().parents[1])
 
@@ -63,3 +64,49 @@ def test_isolated_probe_through_the_cli_passes(zoo_dir, tmp_path, assay_cli):
     result = assay_cli("probe", str(zoo_dir / "gpt2"), "--backend", "aot_eager", "--new-tokens", "6", "--timeout", "300", "--out", str(tmp_path), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["status"] == "PASS"
+
+
+def test_the_plan_crosses_as_json_and_comes_back_equal(zoo_dir):
+    from assay.compat.probe.request import ProbePlan
+
+    plan = plan_probe(ProbeRequest(str(zoo_dir / "qwen3"), backend="eager", new_tokens=2, eval_tasks=("assay_cloze",)))
+    text = plan.to_json()
+    assert json.loads(text)["request"]["model"] == str(zoo_dir / "qwen3")  # plain JSON, no pickle
+    again = ProbePlan.from_json(text)
+    assert again == plan and again.request.eval_tasks == ("assay_cloze",) and again.device == torch.device("cpu")
+
+
+# The child's whole run under an audit hook: a class looked up by an unpickler ("pickle.find_class") is recorded.
+_NO_PICKLE = """
+import json, sys
+found = []
+sys.addaudithook(lambda event, args: found.append(f"{args[0]}.{args[1]}") if event == "pickle.find_class" else None)
+from assay.compat.run.worker import main
+main(sys.argv[1:3])
+json.dump(found, open(sys.argv[3], "w"))
+"""
+
+
+@pytest.mark.slow
+def test_the_child_runs_the_parents_plan_and_unpickles_nothing(zoo_dir, tmp_path):
+    import subprocess
+    import sys
+
+    plan = _plan(zoo_dir)
+    # A mark only the parent's plan carries: a child that planned again would write its own host name.
+    plan.row["host"] = "planned-by-the-parent"
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    completed = subprocess.run([sys.executable, "-c", _NO_PICKLE, str(tmp_path / "plan.json"), str(tmp_path / "row.json"), str(tmp_path / "found.json")],
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    row = json.loads((tmp_path / "row.json").read_text())
+    assert row["status"] == "PASS" and row["host"] == "planned-by-the-parent"
+    assert json.loads((tmp_path / "found.json").read_text()) == []
+
+
+@pytest.mark.slow
+def test_run_isolated_returns_the_row_of_the_plan_it_was_given(zoo_dir):
+    plan = _plan(zoo_dir)
+    plan.row["host"] = "planned-by-the-parent"
+    row = run_isolated(plan, timeout=600)
+    assert row["status"] == "PASS" and row["host"] == "planned-by-the-parent" and row["model"] == "assay-zoo/qwen3"

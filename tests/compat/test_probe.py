@@ -3,9 +3,11 @@ import sys
 
 import pytest
 
-from assay.compat.dataset import query
-from assay.compat.probe import ProbeRequest, probe, probe_and_record
-from assay.compat.schema import SCHEMA_VERSION
+from assay.compat.results.dataset import query
+from assay.compat.probe.execute import probe
+from assay.compat.probe.request import ProbeRequest
+from assay.compat.run.single import probe_and_record
+from assay.compat.results.schema import SCHEMA_VERSION
 from assay.zoo import ZOO
 
 import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends)
@@ -167,7 +169,7 @@ def test_sliding_window_static_cache_compiles_without_a_recompile_per_step(zoo_d
 
 @pytest.mark.slow
 def test_reaching_the_recompile_limit_is_a_compile_failure(zoo_dir, monkeypatch):
-    from assay.compat import recipe
+    from assay.compat.probe import recipe
 
     monkeypatch.setattr(recipe, "DYNAMIC_SOURCES", "")  # the int specialised again: a recompile per step
     row = probe(ProbeRequest(str(zoo_dir / "mistral"), backend="aot_eager", new_tokens=32))

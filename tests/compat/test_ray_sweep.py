@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from assay.compat.dataset import query
+from assay.compat.results.dataset import query
 
 
 @pytest.mark.distributed  # a Ray cluster and its worker processes

@@ -10,9 +10,10 @@ import shutil
 import pytest
 import torch
 
-from assay.compat.judge import SMOLLM2_Q4_1_SHA256, default_judge, judge_text
-from assay.compat.probe import ProbeRequest, probe
-from assay.compat.eval_tasks import TASKS_DIR
+from assay.compat.probe.judge import SMOLLM2_Q4_1_SHA256, default_judge, judge_text
+from assay.compat.probe.execute import probe
+from assay.compat.probe.request import ProbeRequest
+from assay.compat.eval.task_files import TASKS_DIR
 from assay.core.numerics import tolerance
 from assay.zoo.corpus import corpus_split
 from assay.zoo.real import smollm2_gguf_path, source_record

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from assay.compat.probe import ProbeRequest, plan_probe, probe
-from assay.compat.reference_cache import ReferenceCache, default_root, reference_key
+from assay.compat.probe.execute import probe
+from assay.compat.probe.plan import plan_probe
+from assay.compat.probe.request import ProbeRequest
+from assay.compat.probe.reference_cache import ReferenceCache, default_root, reference_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,7 +127,7 @@ def test_without_the_cache_nothing_is_read_or_written(zoo_dir, tmp_path, monkeyp
 
 WRITER = """
 import sys
-from assay.compat.reference_cache import ReferenceCache
+from assay.compat.probe.reference_cache import ReferenceCache
 cache, tag = ReferenceCache(sys.argv[1]), int(sys.argv[2])
 for i in range(200):
     cache.store("ab" * 32, [tag] * 64, [[tag, 1, 2, 3, 4]] * 64, "writer")

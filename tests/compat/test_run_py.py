@@ -4,8 +4,9 @@ import sys
 
 import pytest
 
-from assay.compat.dataset import query
-from assay.compat.probe import ProbeRequest, probe_and_record
+from assay.compat.results.dataset import query
+from assay.compat.probe.request import ProbeRequest
+from assay.compat.run.single import probe_and_record
 
 
 @pytest.mark.slow
@@ -41,7 +42,7 @@ def test_a_sharded_run_result_is_json_and_safetensors_and_reading_it_unpickles_n
 
     import torch
 
-    from assay.compat.recipe import load_result, save_result
+    from assay.compat.probe.recipe import load_result, save_result
 
     path = str(tmp_path / "rank0.json")
     result = {"tokens": [5, 7, 9], "failure": None, "stats": {"graphs": 1}, "logits": torch.randn(3, 11)}

@@ -8,8 +8,9 @@ import sys
 import pytest
 import torch
 
-from assay.compat.judge import judge_text
-from assay.compat.probe import ProbeRequest, probe
+from assay.compat.probe.judge import judge_text
+from assay.compat.probe.execute import probe
+from assay.compat.probe.request import ProbeRequest
 from assay.core.numerics import tolerance
 from assay.zoo.corpus import corpus_split
 

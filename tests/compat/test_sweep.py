@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from assay.compat.dataset import query
-from assay.compat.models_list import shard_models
-from assay.compat.placement import DevicePool
+from assay.compat.results.dataset import query
+from assay.compat.run.models_list import shard_models
+from assay.compat.run.placement import DevicePool
 
 TESTS = str(Path(__file__).resolve().parents[1])
 PLUGIN_ENV = {"ASSAY_PLUGINS": "helpers.misbehaving_backends", "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}

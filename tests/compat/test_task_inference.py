@@ -6,7 +6,9 @@ import shutil
 
 import pytest
 
-from assay.compat.probe import ProbeRequest, is_causal_lm_type, probe
+from assay.compat.probe.execute import probe
+from assay.compat.probe.request import ProbeRequest
+from assay.compat.probe.resolve import is_causal_lm_type
 
 
 @pytest.mark.parametrize("model_type, causal", [("llama", True), ("qwen3_moe", True), ("gla", True), ("bert", True), ("vit", False), ("t5", False), ("no-such-type", False), (None, False)])

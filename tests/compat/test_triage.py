@@ -17,11 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from assay.compat.dataset import query, write_row
-from assay.compat.diff import diff_stacks
-from assay.compat.probe import ProbeRequest, probe, probe_and_record
-from assay.compat.reasons import combine, recompile_reasons
-from assay.compat.schema import SCHEMA, SCHEMA_VERSION
+from assay.compat.results.dataset import query, write_row
+from assay.compat.results.diff import diff_stacks
+from assay.compat.probe.execute import probe
+from assay.compat.probe.request import ProbeRequest
+from assay.compat.run.single import probe_and_record
+from assay.compat.probe.reasons import combine, recompile_reasons
+from assay.compat.results.schema import SCHEMA, SCHEMA_VERSION
 from assay.core.compiling import CompileStats, compile_fn, watch
 
 import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends in this process)

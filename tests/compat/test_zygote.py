@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from assay.compat.zygote import Zygote
+from assay.compat.run.zygote import Zygote
 
 TESTS = str(Path(__file__).resolve().parents[1])
 MODULE = "helpers.zygote_children"

@@ -109,8 +109,8 @@ def test_training_checkpoint_and_export_on_a_full_disk_keep_the_previous_ones(zo
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, Path]:
     """A small results folder (fits the limit) and a large one (a row whose error text fills 200 KB of Parquet)."""
-    from assay.compat.dataset import write_row
-    from assay.compat.schema import empty_row
+    from assay.compat.results.dataset import write_row
+    from assay.compat.results.schema import empty_row
 
     def row(model: str, error: str) -> dict:
         return empty_row() | {"model": model, "status": "FAIL_RUN", "error": error, "device": "cpu", "backend": "eager",

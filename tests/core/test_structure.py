@@ -46,7 +46,7 @@ def test_imports_follow_the_declared_layers_and_have_no_cycles():
 
 def test_assay_help_imports_no_torch():
     # What makes `assay --help` answer in well under a second (0.4 s on an idle 2-core machine, interpreter
-    # start-up included; bench/cli_startup.py measures it): no torch, numpy or Transformers behind it.
+    # start-up included; bench/core/cli_startup.py measures it): no torch, numpy or Transformers behind it.
     modules = _imports_of("--help")
     assert "assay.cli" in modules and "assay.serve.commands" in modules
     assert not {"torch", "numpy", "transformers", "pyarrow", "fastapi"} & modules, "assay --help imported a heavy library"

@@ -150,7 +150,7 @@ def test_transformers_generate_and_the_engine_carry_the_conv_state(tmp_path):
 def test_filters_start_as_flas_model_draws_them():
     # fla's GLAForCausalLM._init_weights draws every nn.Conv1d (its ShortConvolution) normal(0, initializer_range)
     # with a zero bias; the native build and Transformers' random init do the same (docs/gla.md: the recall
-    # recipe converges with either draw, measured in bench/results/recall_conv_init_ab.json).
+    # recipe converges with either draw, measured in recall_conv_init_ab.json (a one-off run, in the git history of bench/results/)).
     from assay.models.gla.hf_config import GLAConfig
     from assay.models.gla.hf_model import GLAForCausalLM
 

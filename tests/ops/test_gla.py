@@ -216,7 +216,7 @@ def mixed_gates(time: int, batch: int = 2):
 
 
 def gate(strength: str, shape, seed: int = 4) -> torch.Tensor:
-    """The bench's gate strengths (bench/gla_bench.py): logsigmoid(x) times 1/16 ... 4, and gates that
+    """The bench's gate strengths (bench/gla/kernel.py): logsigmoid(x) times 1/16 ... 4, and gates that
     wipe the state in one step (per-step log gates uniform in [-1000, 0])."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(*shape, generator=generator, dtype=torch.float64)

@@ -23,7 +23,7 @@ STRENGTHS = ("/16", "/4", "1x", "4x", "wipe", "mixed")
 
 
 def gates(strength: str, shape, generator: torch.Generator) -> torch.Tensor:
-    """The bench's gates (bench/gla_gates.py): logsigmoid(x) times 1/16 ... 4; wipe: -1000 u per step (almost every
+    """The bench's gates (bench/gla/gates.py): logsigmoid(x) times 1/16 ... 4; wipe: -1000 u per step (almost every
     decay exactly 0 in float32); mixed: wiping first half, the model's /16 gate after."""
     x = torch.randn(*shape, generator=generator)
     if strength in ("wipe", "mixed"):

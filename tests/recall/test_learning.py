@@ -166,7 +166,7 @@ def test_attention_converges_at_length_64_after_short_sequences_and_not_without(
 def test_gla_learns_mqar_with_short_convolutions_and_not_without(tmp_path):
     # The GLA side of issue 19: with the attention recipe (16-token stage, std 0.05) a GLA of one 64-wide head
     # (16 KB of state) and fla's short convolutions reaches 95% on the 64-token validation at 4 and 16 pairs in
-    # 400 steps (bench/results/recall_bench.json, 1.2 CPU minutes); without them the same model, seed and steps
+    # 400 steps (bench/results/recall.json, 1.2 CPU minutes); without them the same model, seed and steps
     # sit on the copy plateau (about 25% / 12%; docs/recall.md, "Short convolutions").
     layout = layout_for(64, 64)
     common = dict(archs=("gla",), pairs=(4, 16), seq_lens=(64,), steps=500, batch=64, lr=3e-3, layout=layout,

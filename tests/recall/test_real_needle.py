@@ -1,7 +1,7 @@
 """`recall needle` on a real pretrained checkpoint (SmolLM2-135M-Instruct, the session's `real_model_dir`):
 the text needle, answered through the native Llama's KV-cache slot, as the server would.
 
-One short cell: the full grid (256 to 2K tokens, bench/real_model_bench.py) takes minutes on two cores.
+One short cell: the full grid (256 to 2K tokens, bench/core/real_model.py) takes minutes on two cores.
 """
 
 from __future__ import annotations

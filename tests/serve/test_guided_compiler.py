@@ -180,3 +180,29 @@ def test_tags_that_are_special_tokens_are_matched_as_tokens(zoo_dir, tmp_path):
     text = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
     assert tokenizer.convert_tokens_to_ids("<tool_call>") in tokenizer.encode(text, add_special_tokens=False)
     assert accepts(grammar, tokenizer, text)
+
+
+def test_a_grammar_sent_to_another_process_is_the_same_grammar_there(compiler, tokenizer, zoo_dir):
+    """What a Ray Serve router does with a request's SamplingParams: pickle them to an engine replica, a real
+    other process here, which compiles the grammar again for the same tokenizer folder."""
+    import pickle
+    import subprocess
+    import sys
+
+    from assay.serve.engine.sampling import SamplingParams
+
+    grammar = compiler.json_schema(SCHEMA, strict=True)
+    assert pickle.loads(pickle.dumps(grammar)).key == grammar.key  # in this process: the cache
+    payload = pickle.dumps(SamplingParams(max_tokens=8, grammar=grammar))
+    child = (
+        "import pickle, sys\nfrom transformers import AutoTokenizer\n"
+        "params = pickle.loads(sys.stdin.buffer.read())\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({str(zoo_dir / 'qwen3')!r})\n"
+        "def takes(text):\n"
+        "    matcher = params.grammar.matcher()\n"
+        "    return all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))\n"
+        "print(takes('{\"n\": 3, \"kind\": \"a\"}'), takes('{\"n\": 9'))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", child], input=payload, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout.decode().split() == ["True", "False"]

@@ -92,6 +92,13 @@ def post(url: str, body, timeout: float = 60.0, headers: dict | None = None) -> 
     return httpx.post(f"{url}/v1/completions", content=content, headers=headers, timeout=timeout)
 
 
+def post_route(url: str, route: str, fields: dict, timeout: float = 30.0) -> httpx.Response:
+    """A minimal request to "completions" or "chat" with `fields` added."""
+    base = {"prompt": PROMPT_IDS, "max_tokens": 2} if route == "completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    path = "/v1/completions" if route == "completions" else "/v1/chat/completions"
+    return httpx.post(f"{url}{path}", json=base | fields, timeout=timeout)
+
+
 @dataclass
 class Streamed:
     status: int

@@ -6,6 +6,7 @@ both replicas, exact right after the answers; SIGINT shuts Serve and the local i
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -74,19 +75,25 @@ def test_two_ray_serve_replicas_share_the_requests_and_metrics_sum_them(zoo_dir,
         chat = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, timeout=120,
                           json={"messages": [{"role": "user", "content": "The quick brown fox"}], "max_tokens": 4, "temperature": 0})
         assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
+        # Structured outputs through the router: the grammar is pickled to a replica and compiled again there.
+        schema = {"type": "object", "required": ["ok"], "additionalProperties": False, "properties": {"ok": {"type": "boolean"}}}
+        shaped = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, timeout=120, json={
+            "messages": [{"role": "user", "content": "ok?"}], "max_tokens": 16, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "ok", "schema": schema, "strict": True}}})
+        assert shaped.status_code == 200 and isinstance(json.loads(shaped.json()["choices"][0]["message"]["content"])["ok"], bool)
         batch = post(url, {"prompt": [PROMPT_IDS, [100, 200]], "max_tokens": 3, "temperature": 0, "n": 2, "logprobs": 1},
                      timeout=120, headers=AUTH)
         assert [c["index"] for c in batch.json()["choices"]] == [0, 1, 2, 3]
         assert all(len(c["logprobs"]["token_logprobs"]) == len(c["logprobs"]["tokens"]) >= 1 for c in batch.json()["choices"])
 
-        # Right after the answers, whichever replica answers the scrape: 16 + 1 chat + 2 prompts x n=2 choices.
+        # Right after the answers, whichever replica answers the scrape: 16 + 2 chats + 2 prompts x n=2 choices.
         scraped = metrics(url)
         finished = sum(scraped[("assay_requests_total", (("outcome", o),))] for o in ("length", "stop"))
-        assert finished == 16 + 1 + 4
+        assert finished == 16 + 2 + 4
         assert scraped[("assay_replicas", ())] == 2
         assert scraped[("assay_slots", ())] == 4 and scraped[("assay_free_slots", ())] == 4
         assert scraped[("assay_requests_total", (("outcome", "rejected_unauthorized"),))] == 1
-        assert scraped[("assay_ttft_seconds_count", ())] == 16 + 1 + 4
+        assert scraped[("assay_ttft_seconds_count", ())] == 16 + 2 + 4
 
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=120)

@@ -1,4 +1,4 @@
-"""The serving soak (bench/serve_soak.py) for 30 seconds: the real `assay serve` in a subprocess under
+"""The serving soak (bench/serve/soak.py) for 30 seconds: the real `assay serve` in a subprocess under
 every client kind at once, bursts over its queue included.
 
 30 s, not the bench's 10 minutes: the suite must stay under 30 minutes on 2 cores, and 30 s already sends
@@ -23,7 +23,7 @@ KINDS = {"completion", "completion_stream", "chat", "chat_stream", "sampling", "
 @pytest.fixture(scope="module")
 def soak(zoo_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("soak") / "soak.json"
-    completed = subprocess.run([sys.executable, str(REPO / "bench" / "serve_soak.py"), "--minutes", "0.5", "--zoo", str(zoo_dir),
+    completed = subprocess.run([sys.executable, str(REPO / "bench" / "serve" / "soak.py"), "--minutes", "0.5", "--zoo", str(zoo_dir),
                                 "--burst-every", "10", "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO,
                                check=False)
     result = json.loads(out.read_text()) if out.exists() else None

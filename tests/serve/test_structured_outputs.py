@@ -207,7 +207,8 @@ def test_a_round_trip_of_call_result_and_answer_goes_through_the_template(server
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope', which is not in tools"),
     ({"tools": [WEATHER_TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot both shape the output"),
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
-], ids=["choice-without-tools", "unknown-function", "forced-and-format", "bad-name"])
+    ({"response_format": {"type": "json_object"}, "min_tokens": 4}, "min_tokens cannot be combined with response_format"),
+], ids=["choice-without-tools", "unknown-function", "forced-and-format", "bad-name", "min-tokens-and-format"])
 def test_bad_tool_requests_are_one_400(server, body, words):
     url, _ = server
     response = httpx.post(f"{url}/v1/chat/completions", json={"messages": USER} | body, timeout=30)

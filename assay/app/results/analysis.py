@@ -12,8 +12,8 @@ from assay.app.results.listing import Filters, row_mask, text_mask
 from assay.app.results.model_page import result_key_label
 from assay.app.results.snapshot import Snapshot
 from assay.app.results.status import ANY, NOT_TESTED, result_label
-from assay.compat.diff import diff_stacks
-from assay.compat.schema import FAILURES
+from assay.compat.results.diff import diff_stacks
+from assay.compat.results.schema import FAILURES
 
 DIFF_COLUMNS = ["change", "model", "dtype", "base", "new", "base eval", "new eval", "base reason", "new reason"]
 GROUP_COLUMNS = ["count", "signature", "statuses", "models", "stacks", "graph breaks and recompiles"]

@@ -11,7 +11,7 @@ from assay.app.catalog import Catalog, CatalogModel
 from assay.app.results.cells import cell_count, cell_megabytes, cell_number, cell_text
 from assay.app.results.snapshot import Snapshot
 from assay.app.results.status import ANY, ANY_FAILURE, NOT_TESTED, SKIPPED
-from assay.compat.schema import FAILURES
+from assay.compat.results.schema import FAILURES
 
 SELECTED, TRENDING, DOWNLOADS, ALL_RESULTS = "Selected", "Trending", "Downloads", "All results"
 VIEWS = (SELECTED, TRENDING, DOWNLOADS, ALL_RESULTS)

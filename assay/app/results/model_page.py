@@ -12,9 +12,9 @@ from assay.app.results.accuracy import drift_table, eval_note, eval_table
 from assay.app.results.cells import cell_megabytes, cell_number, cell_text
 from assay.app.results.snapshot import Snapshot
 from assay.app.results.status import NOT_TESTED, result_label
-from assay.compat.dataset import connect
-from assay.compat.diff import eval_label
-from assay.compat.signature import exception_line
+from assay.compat.results.dataset import connect
+from assay.compat.results.diff import eval_label
+from assay.compat.results.signature import exception_line
 
 MODEL_COLUMNS = [
     "stack", "tested as", "dtype", "result", "eval", "reason", "devices", "load s", "compile s", "decode tok/s", "total s", "peak MB",

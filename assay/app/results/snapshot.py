@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 
 from assay.app.results.status import parsed_versions, result_label
-from assay.compat.dataset import check_results, connect, stack_files
-from assay.compat.diff import eval_label
-from assay.compat.schema import FAILURES
-from assay.compat.signature import error_signature
+from assay.compat.results.dataset import check_results, connect, stack_files
+from assay.compat.results.diff import eval_label
+from assay.compat.results.schema import FAILURES
+from assay.compat.results.signature import error_signature
 
 _INDEX_SQL = """
 SELECT model, stands_in_for, task, architecture, status, reason, device, device_name, backend, dtype, num_devices,

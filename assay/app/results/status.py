@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from assay.compat.schema import STATUSES
+from assay.compat.results.schema import STATUSES
 
 ANY = "any"
 NOT_TESTED = "not tested"

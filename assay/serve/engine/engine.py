@@ -328,6 +328,7 @@ class Engine:
     def _emit(self, request: EngineRequest, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
         index = len(request.generated)
         request.generated.append(token)
+        request.sampling.append(token)
         request.last_token = token
         self._stats.token(request.request_id, now())
         # A grammar's verdict first: a matcher in error ends as "error" even on a stop token.

@@ -20,7 +20,10 @@ log = logging.getLogger("assay.serve")
 
 
 class EngineFailed(RuntimeError):
-    """engine.step() raised: a bug, not bad input. Every open request gets a 500; /health turns 503."""
+    """engine.step() raised: a bug, not bad input. Every open request gets a 500; /health turns 503.
+    A subclass may answer with another status (e.g. 503, with a Retry-After, when no engine is reachable)."""
+
+    status: int = 500
 
 
 class EngineLoop:

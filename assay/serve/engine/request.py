@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from assay.core.errors import AssayError
 from assay.serve.engine.config import EngineConfig
+from assay.serve.engine.penalties import TokenHistory
 from assay.serve.engine.sampling import Sampling, SamplingParams, TokenLogprob
 
 
@@ -72,7 +73,13 @@ def new_request(
         raise AssayError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the {max_len} positions of a KV-cache slot")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= config.max_seqs:
         raise AssayError(f"n must be an integer in [1, {config.max_seqs}] (the slots), got {n!r}")
+    if params.min_tokens and params.grammar is not None:
+        raise AssayError("min_tokens cannot be combined with response_format or a forced tool_choice: the grammar decides where the output ends")
     stops = frozenset(params.stop_token_ids)
-    members = [EngineRequest(choice_id, prompt, Sampling.for_choice(params, j), stops) for j, choice_id in enumerate(choice_ids(request_id, n))]
+    if params.min_tokens and sum(1 for t in stops if 0 <= t < vocab_size) >= vocab_size:
+        raise AssayError("min_tokens needs a token that is not a stop token: stop_token_ids cover the whole vocabulary")
+    # Each choice reads its own history (the prompt, then its own tokens) for the penalties and min_tokens.
+    members = [EngineRequest(choice_id, prompt, Sampling.for_choice(params, j, TokenHistory.start(params, prompt, vocab_size)), stops)
+               for j, choice_id in enumerate(choice_ids(request_id, n))]
     members[0].forks = members[1:]
     return members[0]

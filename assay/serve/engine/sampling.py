@@ -6,11 +6,13 @@
     entries = token_logprobs(logits, tokens, [sampling, ...])                  # the chosen tokens' log-probabilities
     entries = prompt_logprobs(all_logits, prompt, k)                           # a prompt's own (echo)
 
-Order, as vLLM's sampler and Transformers' logits processors apply them: temperature, then top-k, then
-top-p (the nucleus of the tempered distribution), then one draw from what is left. Temperature 0 is greedy
-(top-k and top-p change nothing there). Sampling runs on the CPU, outside the compiled decode graph, each
-request with its own torch.Generator, so a seed gives the same tokens compiled or eager and whatever else
-shares the batch.
+Order, as Transformers' logits processors apply them: first what the choice's own tokens do (min_tokens and
+the repetition, presence and frequency penalties, serve/engine/penalties.py), then temperature, top-k, top-p
+(the nucleus of the tempered distribution) and min-p, then one draw from what is left. Temperature 0 is
+greedy over the penalized logits (top-k, top-p and min-p change nothing there). vLLM applies min-p before
+top-k and top-p; the two orders differ only when min_p and top_p < 1 are asked for together. Sampling runs
+on the CPU, outside the compiled decode graph, each request with its own torch.Generator, so a seed gives the
+same tokens compiled or eager and whatever else shares the batch.
 
 n choices of one prompt (Sampling.for_choice): choice j draws from its own generator seeded with seed + j (modulo
 2**64), so choice 0 is the answer the same request with n = 1 gets, and a seeded request is reproducible.
@@ -21,6 +23,7 @@ distribution, before temperature, top-k or top-p: vLLM's default "raw" log-proba
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from assay.core.errors import AssayError
+from assay.serve.engine.penalties import TokenHistory, penalize
 
 if TYPE_CHECKING:
     from assay.serve.guided import Grammar, GuidedMatcher
@@ -66,6 +70,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None  # alternatives reported per generated token; None: no log-probabilities
     prompt_logprobs: int | None = None  # echo: the prompt's own log-probabilities, with this many alternatives
+    # Penalties and floors as vLLM accepts them (serve/engine/penalties.py; min_p in warp_logits below).
+    repetition_penalty: float = 1.0  # > 0; 1: none
+    presence_penalty: float = 0.0  # in [-2, 2]
+    frequency_penalty: float = 0.0  # in [-2, 2]
+    min_p: float = 0.0  # in [0, 1]; 0: none
+    min_tokens: int = 0  # the stop token ids are masked until this many tokens were generated
     # Structured outputs and forced tool calls: each choice decodes under its own matcher of this grammar
     # (engine/guidance.py masks the logits before the draw); None: free text.
     grammar: Grammar | None = None
@@ -87,6 +97,7 @@ class SamplingParams:
                 raise AssayError(f"{name} must be an integer >= 0, got {value!r}")
         if self.seed is not None and not -(2**63) <= self.seed < SEED_MODULUS:
             raise AssayError(f"seed must be in [-2**63, 2**64), got {self.seed!r}")
+        _check_penalties(self)
         # Canonical values (a frozen dataclass sets them through object.__setattr__): -1 and 0 both mean every token.
         for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", max(self.top_k, 0)),
                             ("stop", tuple(self.stop)), ("stop_token_ids", tuple(int(t) for t in self.stop_token_ids))):
@@ -96,13 +107,40 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def penalizes(self) -> bool:
+        """Whether the choice's own tokens change its logits (a penalty, or min_tokens)."""
+        return self.repetition_penalty != 1.0 or bool(self.presence_penalty) or bool(self.frequency_penalty) or self.min_tokens > 0
+
+
+def _check_penalties(params: SamplingParams) -> None:
+    """vLLM's ranges for the penalties, min_p and min_tokens (AssayError naming the field)."""
+    ranges = {"repetition_penalty": "> 0", "presence_penalty": "in [-2, 2]", "frequency_penalty": "in [-2, 2]", "min_p": "in [0, 1]"}
+    for name, wanted in ranges.items():
+        value = getattr(params, name)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise AssayError(f"{name} must be a number {wanted}, got {value!r}") from None
+        inside = number > 0 if name == "repetition_penalty" else (0 <= number <= 1 if name == "min_p" else -2 <= number <= 2)
+        if not (inside and math.isfinite(number)):
+            raise AssayError(f"{name} must be a finite number {wanted}, got {value!r}")
+        object.__setattr__(params, name, number)
+    min_tokens = params.min_tokens
+    if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
+        raise AssayError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+    if isinstance(params.max_tokens, int) and min_tokens > params.max_tokens:
+        raise AssayError(f"min_tokens ({min_tokens}) must be at most max_tokens ({params.max_tokens})")
+
 
 @dataclass
 class Sampling:
-    """One choice's sampler: its request's SamplingParams and its own random stream (None when greedy)."""
+    """One choice's sampler: its request's SamplingParams, its own random stream (None when greedy) and, when
+    the params penalize, its token history (penalties.TokenHistory, updated by append as tokens are emitted)."""
 
     params: SamplingParams
     generator: torch.Generator | None = None
+    history: TokenHistory | None = None
     matcher: GuidedMatcher | None = None  # this choice's place in params.grammar (None: free text)
 
     @classmethod
@@ -111,48 +149,71 @@ class Sampling:
         return cls.for_choice(SamplingParams(temperature=temperature, seed=seed, **fields), 0)
 
     @classmethod
-    def for_choice(cls, params: SamplingParams, index: int) -> Sampling:
+    def for_choice(cls, params: SamplingParams, index: int, history: TokenHistory | None = None) -> Sampling:
         """Choice `index` of n, with a generator of its own seeded with seed + index; a request without a seed
-        gets a random one, so two such requests differ. Under a grammar, each choice gets its own matcher."""
+        gets a random one, so two such requests differ. history: the choice's own (TokenHistory.start). Under a
+        grammar, each choice gets its own matcher."""
         matcher = params.grammar.matcher() if params.grammar is not None else None
         if params.greedy:
-            return cls(params, matcher=matcher)
+            return cls(params, history=history, matcher=matcher)
         seed = random.getrandbits(63) if params.seed is None else (params.seed + index) % SEED_MODULUS
-        return cls(params, torch.Generator(device="cpu").manual_seed(seed), matcher)
+        return cls(params, torch.Generator(device="cpu").manual_seed(seed), history=history, matcher=matcher)
 
     def fork(self, index: int) -> Sampling:
+        """Choice `index`'s random stream (a choice's token history is its own: new_request starts one each)."""
         return Sampling.for_choice(self.params, index)
 
     @property
     def greedy(self) -> bool:
         return self.params.greedy
 
+    def append(self, token: int) -> None:
+        """The choice emitted `token`: the penalties and min_tokens read it from the next step on."""
+        if self.history is not None:
+            self.history.append(token)
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """logits [vocab] float32 on the CPU -> the next token: the penalties, then greedy or a draw."""
+        if self.history is not None:
+            logits = penalize(logits, self.params, self.history)
+        return int(logits.argmax()) if self.greedy else self.draw(logits)
+
     def draw(self, logits: torch.Tensor) -> int:
-        """logits [vocab] float32 on the CPU -> one token: temperature, top-k, top-p, then a draw."""
-        params = self.params
-        scaled = logits / params.temperature
-        if 0 < params.top_k < scaled.shape[-1]:
-            kth = torch.topk(scaled, params.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        if params.top_p < 1.0:
-            ordered, order = torch.sort(scaled, descending=True)
-            probs = torch.softmax(ordered, dim=-1)
-            # Keep the smallest head whose mass reaches top_p: a token stays if the mass before it is below top_p.
-            drop = torch.cumsum(probs, dim=-1) - probs >= params.top_p
-            drop[0] = False  # the most likely token stays: a top_p below float32's smallest number rounds to 0
-            scaled = scaled.scatter(-1, order[drop], float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
+        """logits [vocab] float32 on the CPU -> one token: temperature, top-k, top-p, min-p, then a draw."""
+        probs = torch.softmax(warp_logits(logits, self.params), dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator).item())
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [vocab] float32 -> temperature, top-k, top-p, then min-p (Transformers' MinPLogitsWarper: a token
+    whose probability is below min_p times the top token's is dropped); what is dropped is -inf."""
+    scaled = logits / params.temperature
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        ordered, order = torch.sort(scaled, descending=True)
+        probs = torch.softmax(ordered, dim=-1)
+        # Keep the smallest head whose mass reaches top_p: a token stays if the mass before it is below top_p.
+        drop = torch.cumsum(probs, dim=-1) - probs >= params.top_p
+        drop[0] = False  # the most likely token stays: a top_p below float32's smallest number rounds to 0
+        scaled = scaled.scatter(-1, order[drop], float("-inf"))
+    if params.min_p > 0.0:
+        probs = torch.softmax(scaled, dim=-1)
+        # min_p <= 1: the top token (probability == the max) always stays.
+        dropped = probs < params.min_p * probs.amax(dim=-1, keepdim=True)
+        scaled = scaled.masked_fill(dropped, float("-inf"))
+    return scaled
 
 
 def sample_tokens(logits: torch.Tensor, rows: Sequence[Sampling]) -> list[int]:
     """logits [N, vocab] (any float dtype, any device) -> the next token of each row."""
-    # Greedy rows in one argmax; sampled rows each with their own generator.
+    # Greedy rows without penalties in one argmax; the others each through their own penalties and generator.
     logits = logits.float().cpu()
     tokens = logits.argmax(-1).tolist()
     for row, sampling in enumerate(rows):
-        if not sampling.greedy:
-            tokens[row] = sampling.draw(logits[row])
+        if not sampling.greedy or sampling.history is not None:
+            tokens[row] = sampling.choose(logits[row])
     return tokens
 
 
@@ -190,4 +251,4 @@ def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], k: int) -> list
     return entries
 
 
-__all__ = ["Sampling", "SamplingParams", "TokenLogprob", "prompt_logprobs", "sample_tokens", "token_logprobs"]
+__all__ = ["Sampling", "SamplingParams", "TokenLogprob", "prompt_logprobs", "sample_tokens", "token_logprobs", "warp_logits"]

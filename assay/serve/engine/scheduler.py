@@ -104,7 +104,7 @@ def short_first(prompt_lengths: list[int], long_threshold: int | None, long_wait
     """Candidate indices (candidates oldest first) in the order they are offered the step's budget: prompts of
     at most long_threshold tokens first, then the oldest longer one alone (vLLM's long_prefill_token_threshold
     with max_long_partial_prefills 1). A 2K-token prompt first in line would otherwise take the whole budget
-    step after step while a 100-token request waits behind every chunk of it (bench/serve_ttft.py).
+    step after step while a 100-token request waits behind every chunk of it (bench/serve/ttft.py).
 
     long_waited False (the long prompt was offered the previous step): while short prompts are waiting the
     long one sits this step out, so the short ones' step is their prefill alone. Sharing it, a short row is

@@ -41,15 +41,41 @@ class GrammarError(AssayError):
 
 @dataclass(frozen=True)
 class Grammar:
-    """A checked grammar for one tokenizer; `matcher()` starts a request's matcher in its initial state."""
+    """A checked grammar for one tokenizer; `matcher()` starts a request's matcher in its initial state.
+
+    Pickled (a request sent to an engine in another process, e.g. a Ray Serve replica), it travels as its
+    source and key and is compiled again there, by that process's compiler for the same tokenizer folder.
+    """
 
     key: tuple[str, str]
     text: str  # llguidance's grammar (JSON), as LLMatcher takes it
     template: llguidance.LLMatcher
     vocab_size: int  # the tokenizer's: the width of the masks its matchers fill (masks.TokenMasks)
+    source: tuple[str, tuple[int, ...]] = ("", ())  # the tokenizer's folder and the stop token ids
 
     def matcher(self) -> GuidedMatcher:
         return GuidedMatcher(self.template.deep_copy())
+
+    def __reduce__(self):
+        return _rebuild, (self.source, self.key)
+
+
+_COMPILERS: dict[tuple[str, tuple[int, ...]], GrammarCompiler] = {}  # this process's, by source
+_COMPILERS_LOCK = threading.Lock()
+
+
+def _rebuild(source: tuple[str, tuple[int, ...]], key: tuple[str, str]) -> Grammar:
+    """A pickled Grammar in this process: its compiler for the same tokenizer (loaded from the folder the first
+    time), then the grammar from its cache or compiled again."""
+    with _COMPILERS_LOCK:
+        compiler = _COMPILERS.get(source)
+    if compiler is None:
+        if not source[0]:
+            raise AssayError("a grammar from a tokenizer without a folder cannot be sent to another process")
+        from transformers import AutoTokenizer
+
+        compiler = GrammarCompiler(AutoTokenizer.from_pretrained(source[0]), source[1])
+    return compiler._compile(*key, param="response_format")
 
 
 class GrammarCompiler:
@@ -64,6 +90,9 @@ class GrammarCompiler:
         if not stop_token_ids:
             raise AssayError("a grammar needs at least one stop token id (the model's end-of-sequence token)")
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer), eos_token=list(stop_token_ids))
+        self.source = (str(getattr(tokenizer, "name_or_path", "") or ""), tuple(int(t) for t in stop_token_ids))
+        with _COMPILERS_LOCK:
+            _COMPILERS.setdefault(self.source, self)
         self.vocab_size = self.tokenizer.vocab_size
         self.special_tags = _special_tags(tokenizer, self.tokenizer)
         self.compiles = 0  # cache misses: grammars parsed and checked
@@ -111,7 +140,7 @@ class GrammarCompiler:
         template = None if failed else llguidance.LLMatcher(self.tokenizer, grammar_text)
         if template is None or template.is_error():
             raise GrammarError(_refusal(where() or param, messages[0] if failed else template.get_error(), schema), param)
-        grammar = Grammar(key, grammar_text, template, self.vocab_size)
+        grammar = Grammar(key, grammar_text, template, self.vocab_size, self.source)
         with self._lock:
             self.compiles += 1
             self._cache[key] = grammar

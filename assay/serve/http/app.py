@@ -35,7 +35,7 @@ def create_app(
     """
     engine_loop = EngineLoop(engine)
     metrics = ServerMetrics(engine)
-    frontend = Frontend(engine, engine_loop, model_name, metrics, retry_after_s)
+    frontend = Frontend.of_engine(engine, engine_loop, model_name, metrics, retry_after_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -45,6 +45,23 @@ def create_app(
         finally:
             engine_loop.stop()
 
+    def health() -> tuple[int, dict]:
+        return (200, {"status": "ok"}) if engine_loop.alive else (503, {"status": "unavailable"})
+
+    app = create_api(frontend, health, lifespan, server_id=server_id, api_key=api_key, max_request_bytes=max_request_bytes,
+                     metrics_text=metrics_text)
+    app.state.engine = engine
+    app.state.engine_loop = engine_loop
+    return app
+
+
+def create_api(
+    frontend: Frontend, health: Callable[[], tuple[int, dict]], lifespan, server_id: str | None = None, api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics_text: Callable[[], Awaitable[bytes]] | None = None,
+) -> FastAPI:
+    """The routes over a Frontend, whatever generates its tokens (frontend.engine_loop: the local engine
+    thread, or engine replicas elsewhere); health() -> (status, body) answers /health."""
+    metrics, model_name = frontend.metrics, frontend.model_name
     app = FastAPI(title="assay serve", lifespan=lifespan)
     # Added innermost first: the key is checked before the body is read, the size before it is parsed.
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes, on_refuse=metrics.count)
@@ -52,16 +69,13 @@ def create_app(
         app.add_middleware(ApiKey, api_key=api_key, on_refuse=metrics.count)
     if server_id is not None:
         app.add_middleware(ServerHeader, server_id=server_id)
-    app.state.engine = engine
-    app.state.engine_loop = engine_loop
     app.state.metrics = metrics
     app.state.frontend = frontend
 
     @app.get("/health")
-    async def health():
-        if not engine_loop.alive:
-            return JSONResponse({"status": "unavailable"}, status_code=503)
-        return {"status": "ok"}
+    async def health_route():
+        status, body = health()
+        return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     async def metrics_route():

@@ -9,12 +9,15 @@ class IncrementalText:
 
     The whole text is re-decoded each token (byte-level BPE: a character may span tokens), a trailing
     incomplete character is held back, and so are the last len(longest stop) - 1 characters, which
-    could still turn into a stop string.
+    could still turn into a stop string. With min_tokens, as vLLM: no stop string ends the text within the
+    first min_tokens tokens, and only one that ends after their text counts.
     """
 
-    def __init__(self, tokenizer, stop: list[str]):
+    def __init__(self, tokenizer, stop: list[str], min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
+        self.min_tokens = min_tokens
+        self.search_from = 0  # a stop string must end past this many characters
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.ids: list[int] = []
         self.sent = 0  # characters of the text already handed out
@@ -24,7 +27,12 @@ class IncrementalText:
         """(new text to send, whether a stop string ended the text)."""
         self.ids.append(token_id)
         self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cut = min((i for i in (self.text.find(s) for s in self.stop) if i >= 0), default=-1)
+        cut = -1
+        if len(self.ids) <= self.min_tokens:
+            self.search_from = len(self.text)
+        else:
+            found = (self.text.find(s, max(0, self.search_from - len(s) + 1)) for s in self.stop)
+            cut = min((i for i in found if i >= 0), default=-1)
         if cut >= 0:
             self.text = self.text[:cut]
             return self._take(max(cut, self.sent)), True

@@ -18,7 +18,7 @@ from assay.serve.engine.engine import Engine
 from assay.serve.engine.loop import EngineFailed, EngineLoop
 from assay.serve.engine.sampling import SamplingParams
 from assay.serve.guided import GrammarCompiler
-from assay.serve.http.generation import Generation
+from assay.serve.http.generation import Generation, TokenSource
 from assay.serve.http.metrics import ServerMetrics
 from assay.serve.http.protocol import RequestError
 from assay.serve.http.responses import SSE_DONE, TokenText, error_body, sse
@@ -60,9 +60,11 @@ def _eos_ids(tokenizer) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in ids))
 
 
-def serving_failure(exc: BaseException) -> JSONResponse:
-    """The 500 of a request the engine failed (counted as an error where the failure arrived)."""
-    return JSONResponse(error_body(500, str(exc), "server_error"), status_code=500)
+def serving_failure(exc: EngineFailed, retry_after_s: int) -> JSONResponse:
+    """The 500 of a request the engine failed, or the failure's own status (503: no engine reachable, with a
+    Retry-After); counted as an error where the failure arrived."""
+    headers = {"Retry-After": str(retry_after_s)} if exc.status in (429, 503) else None
+    return JSONResponse(error_body(exc.status, str(exc), _ERROR_KINDS.get(exc.status, "server_error")), status_code=exc.status, headers=headers)
 
 
 class _ClosingStream(StreamingResponse):
@@ -87,20 +89,25 @@ class _ClosingStream(StreamingResponse):
 class Frontend:
     """What the routes share, and the checks every request passes before the engine sees it."""
 
-    def __init__(self, engine: Engine, engine_loop: EngineLoop, model_name: str, metrics: ServerMetrics, retry_after_s: int):
-        self.engine_loop = engine_loop
-        # The tokenizer loads now, not on the first request (and never from two threads at once).
-        self.tokenizer = engine.tokenizer
+    def __init__(self, engine_loop: TokenSource, tokenizer, limits: Limits, model_name: str, metrics: ServerMetrics, retry_after_s: int):
+        self.engine_loop = engine_loop  # the local engine thread, or (Ray Serve) the engine replicas
+        self.tokenizer = tokenizer
         self.token_text = TokenText(self.tokenizer)
         self.eos_ids = _eos_ids(self.tokenizer)
         self.model_name = model_name
         self.metrics = metrics
         self.retry_after_s = retry_after_s
-        self.limits = Limits.of(engine, self.tokenizer)
+        self.limits = limits
         # The grammar compiler indexes the vocabulary (seconds for a 49K-token one): built on a thread of its
         # own from the start, so start-up does not wait for it (a structured request that comes first does).
         self._grammars: Future[GrammarCompiler] = ThreadPoolExecutor(1, thread_name_prefix="assay-grammars").submit(
             GrammarCompiler, self.tokenizer, self.eos_ids)
+
+    @classmethod
+    def of_engine(cls, engine: Engine, engine_loop: EngineLoop, model_name: str, metrics: ServerMetrics, retry_after_s: int) -> Frontend:
+        # The tokenizer loads now, not on the first request (and never from two threads at once).
+        tokenizer = engine.tokenizer
+        return cls(engine_loop, tokenizer, Limits.of(engine, tokenizer), model_name, metrics, retry_after_s)
 
     def grammars(self) -> GrammarCompiler:
         """The model's grammar compiler (structured outputs, forced tool calls); a 400 when it cannot have one."""
@@ -115,7 +122,7 @@ class Frontend:
 
     def error(self, exc: RequestError) -> JSONResponse:
         self.metrics.count(_OUTCOME.get(exc.status, "rejected_invalid"))
-        headers = {"Retry-After": str(self.retry_after_s)} if exc.status == 429 else None
+        headers = {"Retry-After": str(self.retry_after_s)} if exc.status in (429, 503) else None
         kind = _ERROR_KINDS.get(exc.status, "invalid_request_error")
         return JSONResponse(error_body(exc.status, exc.message, kind, exc.param), status_code=exc.status, headers=headers)
 
@@ -166,7 +173,11 @@ class Frontend:
         """The request's SamplingParams, built once here: the stop strings, the stop token ids with the model's
         end-of-text ones (unless ignore_eos), then the body's fields (and what the route derives)."""
         eos = () if body.ignore_eos else self.eos_ids
-        return body.sampling_params(stop=tuple(body.stop_strings()), stop_token_ids=tuple(body.stop_token_ids or ()) + eos, **derived)
+        try:
+            return body.sampling_params(stop=tuple(body.stop_strings()), stop_token_ids=tuple(body.stop_token_ids or ()) + eos, **derived)
+        except AssayError as exc:  # what depends on two fields (min_tokens > max_tokens); each field's range is the schema's
+            field = str(exc).split(" ", 1)[0]
+            raise RequestError(400, str(exc), field if field in type(body).model_fields else None) from None
 
     def generation(self, prompts: list[list[int]], prefix: str) -> Generation:
         return Generation(self.engine_loop, self.metrics, self.tokenizer, prompts, prefix)
@@ -180,7 +191,7 @@ class Frontend:
                 async for body in bodies:
                     yield sse(body)
             except EngineFailed as exc:
-                yield sse(error_body(500, str(exc), "server_error"))
+                yield sse(error_body(exc.status, str(exc), _ERROR_KINDS.get(exc.status, "server_error")))
                 yield SSE_DONE
                 return
             if not generation.client_gone:
@@ -194,5 +205,5 @@ class Frontend:
         try:
             texts = await generation.texts(request)
         except EngineFailed as exc:
-            return serving_failure(exc)
+            return serving_failure(exc, self.retry_after_s)
         return JSONResponse({}, status_code=499) if texts is None else texts  # 499: nobody reads it

@@ -13,7 +13,7 @@ import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, Protocol
 
 from starlette.requests import Request
 
@@ -21,7 +21,7 @@ from assay.core.errors import AssayError
 from assay.serve.http.detokenize import IncrementalText
 from assay.serve.engine.config import QueueFull
 from assay.serve.engine.request import choice_ids
-from assay.serve.engine.loop import EngineFailed, EngineLoop
+from assay.serve.engine.loop import EngineFailed
 from assay.serve.http.metrics import ServerMetrics
 from assay.serve.http.protocol import RequestError
 from assay.serve.engine.sampling import SamplingParams, TokenLogprob
@@ -57,6 +57,21 @@ class Piece:
 _ids = itertools.count()
 
 
+class TokenSource(Protocol):
+    """What generates the tokens of the engine requests a Generation submits: the local engine thread
+    (engine.loop.EngineLoop), or, under Ray Serve, engine replicas reached through deployment handles.
+    The listener gets each TokenEvent, or an EngineFailed that ends every choice of the request."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    def submit(self, request_id: str, listener: Callable, prompt_tokens: list[int], params: SamplingParams) -> None:
+        """Start the request; AssayError (bad input), QueueFull or EngineFailed refuse it before anything runs."""
+
+    def abort(self, request_id: str) -> None:
+        """Stop one choice (an id of choice_ids); its listener hears nothing more of it that matters."""
+
+
 async def watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
     """Wait for the client to go (the body is read already, so receive() only ever reports a disconnect).
 
@@ -73,7 +88,7 @@ async def watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
 class Generation:
     """Submit the prompts, then hand out Pieces until every choice finished; settle() once, however it ends."""
 
-    def __init__(self, engine_loop: EngineLoop, metrics: ServerMetrics, tokenizer, prompts: list[list[int]], prefix: str):
+    def __init__(self, engine_loop: TokenSource, metrics: ServerMetrics, tokenizer, prompts: list[list[int]], prefix: str):
         self.engine_loop = engine_loop
         self.metrics = metrics
         self.tokenizer = tokenizer
@@ -111,7 +126,7 @@ class Generation:
             for i, prompt in enumerate(self.prompts):
                 engine_id = f"{self.request_id}-{i}"
                 for j, choice_id in enumerate(choice_ids(engine_id, params.n)):
-                    choice = Choice(i * params.n + j, i, choice_id, IncrementalText(self.tokenizer, list(params.stop)))
+                    choice = Choice(i * params.n + j, i, choice_id, IncrementalText(self.tokenizer, list(params.stop), params.min_tokens))
                     self.choices.append(choice)
                     self._by_engine_id[choice_id] = choice
                 self.engine_loop.submit(engine_id, listener, prompt, params)

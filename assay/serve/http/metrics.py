@@ -55,9 +55,10 @@ class _EngineCollector:
 
 
 class ServerMetrics:
-    """The metrics of one app over one engine; render() is the /metrics body."""
+    """The metrics of one app over one engine; render() is the /metrics body. Without an engine (a Ray Serve
+    router, whose engines are elsewhere): what the HTTP layer counts, and TTFT/TPOT left at zero."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine | None):
         # No *_created series: vLLM turns them off too; they double every counter's lines for a timestamp.
         prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
@@ -70,8 +71,9 @@ class ServerMetrics:
                               buckets=TTFT_BUCKETS, registry=self.registry)
         self.tpot = Histogram("assay_tpot_seconds", "Time per output token after the first, per request.", buckets=TPOT_BUCKETS,
                               registry=self.registry)
-        self.registry.register(_EngineCollector(engine))
-        engine.observe_latencies(self.ttft.observe, self.tpot.observe)
+        if engine is not None:
+            self.registry.register(_EngineCollector(engine))
+            engine.observe_latencies(self.ttft.observe, self.tpot.observe)
 
     def count(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
@@ -95,8 +97,9 @@ SAME_ON_EVERY_REPLICA = frozenset({"assay_state_bytes_per_sequence"})
 
 
 class _Merged:
-    def __init__(self, snapshots: list[Snapshot]):
+    def __init__(self, snapshots: list[Snapshot], replicas: int):
         self.snapshots = snapshots
+        self.replicas = replicas
 
     def collect(self):
         families: dict[str, tuple[str, str, dict]] = {}
@@ -112,11 +115,12 @@ class _Merged:
             for (sample, labels), value in values.items():
                 metric.add_sample(sample, dict(labels), value)
             yield metric
-        yield GaugeMetricFamily("assay_replicas", "Replicas whose metrics are summed here (Ray Serve).", value=len(self.snapshots))
+        yield GaugeMetricFamily("assay_replicas", "Replicas whose metrics are summed here (Ray Serve).", value=self.replicas)
 
 
-def render_sum(snapshots: list[Snapshot]) -> bytes:
-    """The Prometheus text of several servers' snapshots summed: counters, histograms and pool gauges add up."""
+def render_sum(snapshots: list[Snapshot], replicas: int | None = None) -> bytes:
+    """The Prometheus text of several servers' snapshots summed: counters, histograms and pool gauges add up.
+    assay_replicas: `replicas` (default: the number of snapshots)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Merged(snapshots))
+    registry.register(_Merged(snapshots, len(snapshots) if replicas is None else replicas))
     return prometheus_client.generate_latest(registry)

@@ -103,6 +103,13 @@ class _Sampling(BaseModel):
     # vLLM's extensions: extra stop token ids, and generating past the end-of-text token.
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
+    # Penalties and floors with vLLM's ranges (serve/engine/penalties.py, docs/serve.md "Sampling"); the
+    # neutral values (1, 0, 0, 0, 0) ask for nothing. OpenAI's two penalties accept null as their default.
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    presence_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    min_tokens: int = Field(0, ge=0)
     # OpenAI's end-user identifier: metadata for the caller's own records; it asks nothing of generation.
     user: Optional[str] = None
     # Structured outputs: the output is JSON (of a schema), enforced while decoding (assay.serve.guided).
@@ -115,6 +122,7 @@ class _Sampling(BaseModel):
         """SamplingParams from the body's fields of the same names, then `derived` (what the route computes:
         max_tokens, logprobs, stop strings and ids). A sampling field added to both is carried with no more code."""
         shared = {f.name: getattr(self, f.name) for f in fields(SamplingParams) if f.name in type(self).model_fields}
+        shared = {name: value for name, value in shared.items() if value is not None or name not in _NULL_IS_DEFAULT}
         return SamplingParams(**(shared | derived))
 
 
@@ -216,10 +224,11 @@ def _empty(hint: str):
     return (lambda value, _body: value is None or value == {} or value == [], hint)
 
 
+# Fields whose null means their default (OpenAI's clients send null for "not set").
+_NULL_IS_DEFAULT = ("presence_penalty", "frequency_penalty")
+
 # OpenAI fields this server does not implement, accepted only with a value that asks for nothing.
 _SHARED_OFF = {
-    "frequency_penalty": _off(None, 0, 0.0, hint="0"),
-    "presence_penalty": _off(None, 0, 0.0, hint="0"),
     "logit_bias": _empty("{}"),
 }
 COMPLETION_OFF = _SHARED_OFF | {

@@ -7,6 +7,7 @@ bucket set can reach before serving, so no request ever waits on the compiler.
 
 from __future__ import annotations
 
+import logging
 import types
 from time import perf_counter as now
 
@@ -15,6 +16,8 @@ import torch
 from assay.core.compiling import CompileStats, compile_fn, watch
 from assay.core.device import synchronize
 from assay.serve.runner.weights import SlotModel
+
+log = logging.getLogger("assay.serve")
 
 
 def _fresh_function(fn):
@@ -75,7 +78,8 @@ class CompiledDecode:
     def warm_up(self, widths: list[int], scratch_slot: int, buffers) -> int:
         """Compile each width now on padding rows only (the scratch slot); the number of graphs compiled."""
         graphs_before = self.compile_stats.graphs
-        for width in widths:
+        for index, width in enumerate(widths, 1):
+            log.info(f"compiling decode width {width} ({index}/{len(widths)}) ...")
             tokens = torch.zeros(width, 1, dtype=torch.int64, device=self.device)
             slot_ids = torch.full((width,), scratch_slot, dtype=torch.int64, device=self.device)
             positions = torch.zeros(width, dtype=torch.int64, device=self.device)

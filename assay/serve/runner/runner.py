@@ -86,7 +86,7 @@ class ModelRunner:
         synchronize(device)
         start = now()
         # Only the positions the rows will hold after this call (the prefill runs uncompiled in every mode): a later
-        # chunk of a 2K prompt no longer gathers and attends over its whole slot (bench/serve_ttft.py).
+        # chunk of a 2K prompt no longer gathers and attends over its whole slot (bench/serve/ttft.py).
         buffers = self.slot_model.live_buffers(self.pool.buffers, max(row.start + len(row.tokens) for row in rows))
         with torch.no_grad():
             logits = self.slot_model.prefill_batch(tokens.to(device), slot_ids, buffers, lengths=lengths,

@@ -6,6 +6,7 @@ whose pool is max_seqs + 1 slots of max_len positions, allocated whole at start-
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -14,9 +15,17 @@ from assay.core.device import free_memory_bytes
 from assay.core.errors import AssayError
 from assay.serve.runner.weights import SlotModel, state_dtype
 
+log = logging.getLogger("assay.serve")
+
 # The static pool is allocated (and zeroed) whole at start-up. Without --max-len it may take this share of
 # the memory free then; the rest stays for activations, the compiler and other processes on the machine.
 POOL_MEMORY_SHARE = 0.5
+# On a CPU the pool shares RAM with everything else on the machine, so the fitted default also stops at this
+# size (vLLM's CPU backend reserves 4 GiB of KV cache by default, VLLM_CPU_KVCACHE_SPACE).
+CPU_POOL_BYTES = 4 * 2**30
+# A pool given its size by the flags may take at most this share of the free memory: past it, the first
+# prefill's activations would not fit beside it.
+POOL_FIT_SHARE = 0.9
 SLOT_LEN_GRAIN = 256  # a fitted slot length is rounded down to a multiple of this
 
 
@@ -80,30 +89,48 @@ def fitted_slot_len(slot_model: SlotModel, slot_len: int, max_seqs: int, pool_dt
     if free is None:
         return wanted
     per_position = slot_model.state_bytes_per_sequence(state_dtype(pool_dtype), 1)
-    fits = int(POOL_MEMORY_SHARE * free) // ((max_seqs + 1) * per_position)
+    budget = int(POOL_MEMORY_SHARE * free)
+    where = f"half of the {free / 2**30:.1f} GiB free"
+    if device.type == "cpu" and budget > CPU_POOL_BYTES:
+        budget, where = CPU_POOL_BYTES, f"the {CPU_POOL_BYTES / 2**30:.0f} GiB a CPU pool takes by default"
+    fits = budget // ((max_seqs + 1) * per_position)
     if fits >= wanted:
         return wanted
     fitted = fits // SLOT_LEN_GRAIN * SLOT_LEN_GRAIN
     if fitted < SLOT_LEN_GRAIN:
         raise AssayError(
             f"{max_seqs} slots of a KV cache ({per_position} bytes per position each) leave under {SLOT_LEN_GRAIN} positions "
-            f"per slot in half of the {free / 2**30:.1f} GiB free: lower --max-seqs"
+            f"per slot in {where}: lower --max-seqs (or give --max-len)"
         )
     return fitted
 
 
 def check_pool_fits(slot_model: SlotModel, max_seqs: int, dtype: torch.dtype, max_len: int, device: torch.device) -> None:
-    """A pool larger than the free memory fails here with its size, not later as an out-of-memory kill."""
+    """Says what the pool will take (logged, before it is allocated); a pool over POOL_FIT_SHARE of the free
+    memory fails here in one line naming the flags, not later as an out-of-memory kill."""
     free = free_memory_bytes(device)
     need = slot_model.state_bytes_per_sequence(dtype, max_len) * (max_seqs + 1)
-    if free is not None and need > free:
+    grows = slot_model.uses_max_len()
+    shape = f"{max_seqs} slots + 1 scratch" + (f" x {max_len} positions" if grows else "")
+    dtype_text = str(dtype).removeprefix("torch.")
+    available = f"; {free / 2**30:.1f} GiB free" if free is not None else ""
+    log.info(f"slot pool: {shape}, {'KV cache' if grows else 'fixed state'} in {dtype_text}: {_size(need)}{available}")
+    if free is not None and need > POOL_FIT_SHARE * free:
+        flags = "--max-seqs or --max-len" if grows else "--max-seqs (or --state-dtype bfloat16)"
         raise AssayError(
-            f"the slot pool needs {need / 2**30:.1f} GiB ({max_seqs} slots + 1 scratch x {max_len} positions) but "
-            f"{device.type} has {free / 2**30:.1f} GiB free: lower --max-seqs or --max-len"
+            f"the slot pool needs {need / 2**30:.3g} GiB ({shape}) but {device.type} has {free / 2**30:.1f} GiB free "
+            f"(at most {POOL_FIT_SHARE:.0%} of it for the pool): lower {flags}"
         )
 
 
+def _size(n_bytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n_bytes >= scale / 4:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes / 2**10:.3g} KiB"
+
+
 __all__ = [
-    "POOL_MEMORY_SHARE", "SLOT_LEN_GRAIN", "check_max_len", "check_pool_fits", "checkpoint_positions", "fitted_slot_len",
+    "CPU_POOL_BYTES", "POOL_FIT_SHARE", "POOL_MEMORY_SHARE", "SLOT_LEN_GRAIN", "check_max_len", "check_pool_fits", "checkpoint_positions", "fitted_slot_len",
     "rope_scaled_positions",
 ]

@@ -1,0 +1,1 @@
+"""Compatibility-matrix benchmarks: sweeping the zoo, the judge's scores, the results app at 10,000 rows."""

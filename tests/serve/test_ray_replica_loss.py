@@ -1,0 +1,238 @@
+"""An engine replica SIGKILLed under load loses no request: `assay serve --executor ray --replicas 2` over the
+tiny Qwen3, 40 requests of 64 tokens (one in four streamed), 16 at a time, the replica running the most
+killed at a random moment while at least 8 are unfinished. Every non-streamed request answers 200 with its
+64 tokens, and those that were run again (X-Assay-Reruns) give the text of an unbroken run; every stream
+ends with [DONE] (or an error event), the openai client sees no protocol error, and the streams that ended
+give the unbroken run's text too, greedy or seeded. /health turns degraded, /metrics counts the loss and the
+reruns; with every engine replica killed, a request gets 503 with Retry-After. Expected texts come from an
+engine decoding the prompts in one process (greedy float32 decoding of independent rows is exact, so the
+texts must be equal, not close)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from serve.test_http import metrics
+
+from assay.serve import Engine, EngineConfig, run_to_completion
+from assay.serve.ray.deployment import replica_processes
+
+REQUESTS, CONCURRENCY, MAX_TOKENS = 40, 16, 64
+PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [11, 12, 13, 14, 15], [42, 43, 44]]
+SEED, TEMPERATURE = 1234, 0.8
+
+
+def expected_texts(zoo_dir) -> dict[tuple[int, str], str]:
+    """(prompt index, "greedy" | "seeded") -> the text of an unbroken run, end-of-text ignored as the requests ask."""
+    engine = Engine.from_checkpoint(zoo_dir / "qwen3-pretrained", EngineConfig(max_seqs=8, eager=True, max_len=256))
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"{i}/greedy", prompt, max_tokens=MAX_TOKENS)
+        engine.add_request(f"{i}/seeded", prompt, max_tokens=MAX_TOKENS, temperature=TEMPERATURE, seed=SEED + i)
+    tokens = run_to_completion(engine)
+    return {(int(key.split("/")[0]), key.split("/")[1]): engine.tokenizer.decode(ids, skip_special_tokens=True)
+            for key, ids in tokens.items()}
+
+
+def streamed(i: int) -> bool:
+    # One in four: the killed replica then runs a non-streamed request all but surely (the check below).
+    return i % 4 == 3
+
+
+def prompt_index(i: int) -> int:
+    return (i + i // 4) % len(PROMPTS)
+
+
+def body(i: int) -> dict:
+    """Request i: greedy; a stream is seeded every other time."""
+    seeded = streamed(i) and (i // 4) % 2 == 1
+    sampling = {"temperature": TEMPERATURE, "seed": SEED + prompt_index(i)} if seeded else {"temperature": 0}
+    return {"prompt": PROMPTS[prompt_index(i)], "max_tokens": MAX_TOKENS, "ignore_eos": True, **sampling}
+
+
+def sse_stream(url: str, request: dict) -> tuple[str, str]:
+    """(text, how it ended: "done" | "error"), read line by line; a broken body raises."""
+    text, ended = [], None
+    with httpx.stream("POST", f"{url}/v1/completions", json=request | {"stream": True}, timeout=180) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line:
+                continue
+            assert ended in (None, "error"), f"an event after the end: {line}"
+            payload = line.removeprefix("data: ")
+            if payload == "[DONE]":
+                ended = "done"
+            elif '"error"' in payload and payload.startswith('{"error"'):
+                ended = "error"
+            else:
+                text += [choice["text"] for choice in json.loads(payload)["choices"]]
+    assert ended is not None, "the stream closed without [DONE] or an error event"
+    return "".join(text), ended
+
+
+@pytest.mark.slow
+@pytest.mark.distributed  # a Ray instance, its controller, proxy, the router and two engine replicas
+def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
+    expected = expected_texts(zoo_dir)
+    ray_tmp = tempfile.mkdtemp(prefix="assay-ray-", dir="/tmp")  # short: Ray's socket paths are limited
+    env = os.environ.copy() | {"RAY_ADDRESS": "", "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "assay", "serve", "--model", str(zoo_dir / "qwen3-pretrained"), "--eager", "--max-seqs", "8",
+         "--max-len", "256", "--port", "0", "--executor", "ray", "--replicas", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert "2 replicas" in line, line
+        url = line.rsplit(" ", 1)[-1].strip()
+        replicas = replica_processes(process.pid)  # {replica id: pid}
+        assert len(replicas) == 2
+        assert wait_for_health(url, "ok") == (200, "ok")  # the router's view of the replicas trails the controller's by a poll
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=180)
+        in_flight, finished, lock = [0], [0], threading.Lock()
+        results: dict[int, tuple] = {}
+
+        def ask(i: int) -> None:
+            with lock:
+                in_flight[0] += 1
+            try:
+                request = body(i)
+                extra = {"ignore_eos": True}
+                sampling = {k: request[k] for k in ("temperature", "seed") if k in request}
+                if not streamed(i):  # through the openai client, with the response's headers
+                    raw = client.completions.with_raw_response.create(model="qwen3-pretrained", prompt=request["prompt"],
+                                                                      max_tokens=MAX_TOKENS, extra_body=extra, **sampling)
+                    completion = raw.parse()
+                    results[i] = ("plain", completion.choices[0].text, completion.usage.completion_tokens,
+                                  int(raw.headers.get("x-assay-reruns", "0")))
+                elif (i // 8) % 2 == 0:  # streamed, through the openai client: an error event is its APIError
+                    try:
+                        chunks = client.completions.create(model="qwen3-pretrained", prompt=request["prompt"], max_tokens=MAX_TOKENS,
+                                                           stream=True, extra_body=extra, **sampling)
+                        results[i] = ("stream", "".join(c.choices[0].text for c in chunks if c.choices), "done")
+                    except openai.APIError as exc:
+                        assert not isinstance(exc, openai.APIConnectionError), exc
+                        results[i] = ("stream", "", "error")
+                else:  # streamed, read line by line: [DONE] or an error event, nothing after
+                    results[i] = ("stream", *sse_stream(url, request))
+            finally:
+                with lock:
+                    in_flight[0] -= 1
+                    finished[0] += 1
+
+        kill = {}
+        health: list[str] = []
+
+        def killer() -> None:
+            # A random moment while the pool keeps CONCURRENCY requests going (once a random number of requests,
+            # short of the last waves, have finished), the victim the replica the router last said runs the most
+            # (Ray's routing can leave most requests on one replica).
+            after = random.randrange(0, REQUESTS - 2 * CONCURRENCY)
+            deadline = time.monotonic() + 300
+            running = {}
+            while finished[0] < after or max(running.values(), default=0) < 3:
+                running = httpx.get(f"{url}/health", timeout=30).json()["replicas"]["running"]
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.02)
+            victim = max(replicas, key=lambda replica: running.get(replica, 0))
+            os.kill(replicas[victim], signal.SIGKILL)
+            kill.update(replica=victim, in_flight=in_flight[0], running=running, after=after)
+            while "degraded" not in health and time.monotonic() < deadline:
+                health.append(httpx.get(f"{url}/health", timeout=30).json()["status"])
+                time.sleep(0.2)
+
+        watcher = threading.Thread(target=killer, daemon=True)
+        watcher.start()
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            list(pool.map(ask, range(REQUESTS), timeout=600))
+        watcher.join(90)
+
+        assert kill and kill["in_flight"] >= 8 and kill["running"].get(kill["replica"], 0) >= 3, kill
+        assert "degraded" in health, health
+        assert len(results) == REQUESTS
+        plain = {i: r for i, r in results.items() if r[0] == "plain"}
+        assert all(tokens == MAX_TOKENS for _, _, tokens, _ in plain.values())
+        assert all(text == expected[(prompt_index(i), "greedy")] for i, (_, text, _, _) in plain.items())
+        rerun = [i for i, r in plain.items() if r[3]]
+        assert rerun, f"no non-streamed request was on the killed replica ({kill})"
+        streams = {i: r for i, r in results.items() if r[0] == "stream"}
+        for i, (_, text, ended) in streams.items():
+            mode = "seeded" if "seed" in body(i) else "greedy"
+            assert ended == "error" or text == expected[(prompt_index(i), mode)], (i, mode)
+        scraped = metrics(url)
+        assert scraped[("assay_replica_losses_total", ())] >= 1
+        reruns = sum(scraped[("assay_requests_rerun_total", (("sent", s),))] for s in ("none", "tokens"))
+        assert reruns >= len(rerun)
+
+        # Every engine replica killed: a request gets 503 and Retry-After at once, not a 500 or a hang.
+        for pid in replica_processes(process.pid).values():
+            os.kill(pid, signal.SIGKILL)
+        assert wait_for_health(url, "unavailable") == (503, "unavailable")
+        refused = httpx.post(f"{url}/v1/completions", json=body(0), timeout=30)
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1, refused.text
+        assert refused.json()["error"]["type"] == "server_error"
+
+        assert stop(process) == 0
+    finally:
+        stop(process)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def wait_for_health(url: str, status: str, timeout_s: float = 60.0) -> tuple[int, str]:
+    """Poll /health until its status is `status` (or timeout_s passes); (HTTP status, its status) then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = httpx.get(f"{url}/health", timeout=30)
+        if response.json()["status"] == status or time.monotonic() > deadline:
+            return response.status_code, response.json()["status"]
+        time.sleep(0.1)
+
+
+def stop(process: subprocess.Popen) -> int:
+    """SIGINT (the server shuts Serve and its Ray instance down); SIGKILL to its whole session after 120 s."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    try:
+        return process.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return process.wait()
+
+
+@pytest.mark.slow  # a real `assay serve` process: its start-up is the point
+def test_the_single_process_server_never_imports_ray(zoo_dir, tmp_path):
+    # PYTHONPROFILEIMPORTTIME (python -X importtime) lists every module the process imported on stderr
+    # (to a file: a pipe nobody reads while the server starts would fill and block it).
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "assay", "serve", "--model", str(zoo_dir / "qwen3-pretrained"), "--eager", "--max-seqs", "2", "--port", "0"],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=os.environ | {"PYTHONPROFILEIMPORTTIME": "1"},
+        )
+    try:
+        line = process.stdout.readline()
+        assert "serving" in line, line
+        url = line.rsplit(" ", 1)[-1].strip()
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 4, "stream": True}, timeout=60)
+        assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    imported = {line.rsplit("|", 1)[-1].strip() for line in log.read_text().splitlines() if line.startswith("import time:")}
+    assert {"assay.serve.http.app", "assay.serve.engine.loop", "fastapi"} <= imported
+    assert not {m for m in imported if m == "ray" or m.startswith("ray.")}, "the single-process server imported Ray"
