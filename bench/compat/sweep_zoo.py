@@ -14,8 +14,8 @@ plus a reference-cache folder (--reference-cache); each set starts empty, so col
   warm2:        2 workers, set 2 as cold2 left it
 Ratios are taken within this run (warm1 / cold1, cold2 / cold1, warm2 / warm1), so they do not depend on
 this machine's speed; the load average before and after each run says how busy the machine was.
-Results: bench/results/sweep_zoo.json (runs, phases, ratios) and bench/results/sweep_zoo_probes.json (per model, cold1),
-each rewritten after every run so an interrupted benchmark keeps what it measured.
+Results: bench/results/sweep_zoo.json (runs, phases, ratios, and under "probes" each model's probe in cold1),
+rewritten after every run so an interrupted benchmark keeps what it measured.
 """
 
 from __future__ import annotations
@@ -71,9 +71,7 @@ def per_model(rows: list[dict]) -> list[dict]:
 def write(context: dict, measured: dict[str, dict]) -> dict:
     RESULTS.mkdir(parents=True, exist_ok=True)
     cold = measured.get("cold1")
-    if cold:
-        probe_report = {"context": context, "backend": "inductor", "device": "cpu", "sweep_wall_s": cold["wall_s"], "models": per_model(cold["rows"])}
-        (RESULTS / "sweep_zoo_probes.json").write_text(json.dumps(probe_report, indent=2) + "\n")
+    probes = {"backend": "inductor", "device": "cpu", "sweep_wall_s": cold["wall_s"], "models": per_model(cold["rows"])} if cold else None
     summary: dict = {name: {k: v for k, v in m.items() if k != "rows"} for name, m in measured.items()}
     ratios = {}
     for name, (numerator, denominator) in {
@@ -83,7 +81,8 @@ def write(context: dict, measured: dict[str, dict]) -> dict:
     }.items():
         if numerator in measured and denominator in measured:
             ratios[name] = measured[numerator]["wall_s"] / measured[denominator]["wall_s"]
-    report = {"context": context, "targets": {"warm_over_cold": 0.33, "two_workers_over_one": 0.6}, "ratios": ratios, "runs": summary}
+    report = {"context": context, "targets": {"warm_over_cold": 0.33, "two_workers_over_one": 0.6}, "ratios": ratios, "runs": summary,
+              "probes": probes}
     (RESULTS / "sweep_zoo.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 

@@ -152,3 +152,15 @@ def test_at_most_three_unused_import_suppressions_outside_package_faces():
     found = [f"{path}:{number}" for path, text in _modules("assay", "bench")
              for number, line in enumerate(text.splitlines(), start=1) if "noqa: F401" in line]
     assert len(found) <= MAX_F401_OUTSIDE_INIT, found
+
+
+MAX_RESULT_FILES = 40
+
+
+def test_bench_results_keep_one_current_result_per_benchmark():
+    # bench/results/ holds each benchmark's current JSON (and PNG); earlier runs live in git history, not
+    # beside it. Every file there is named in docs/benchmarks.md, the index a reader starts from.
+    files = sorted(path.name for path in (REPO / "bench" / "results").rglob("*") if path.is_file())
+    assert 10 < len(files) <= MAX_RESULT_FILES, files
+    index = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert [name for name in files if name not in index] == []
