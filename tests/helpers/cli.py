@@ -1,4 +1,10 @@
-"""The real `assay` command in a subprocess, for tests in any folder.
+"""The `assay` command for tests in any folder: through the CLI zygote (one pre-imported process that forks
+each run), or as a real `python -m assay` process where the process itself is the point.
+
+`run_assay` is the default: exit code, stdout and stderr as a user sees them, without paying torch's and
+Transformers' imports (about 3 s) per call. `run_assay_process` starts a real interpreter, for the tests
+whose point is the process: signals, a real process's exit code, import time and which modules load.
+ASSAY_TEST_CLI=process sends every call to a real process (to compare the two).
 
 It lives here, not in a conftest.py: several folders have their own conftest.py, and which one a bare
 `import conftest` finds depends on the order pytest collected them in.
@@ -6,21 +12,140 @@ It lives here, not in a conftest.py: several folders have their own conftest.py,
 
 from __future__ import annotations
 
+import atexit
+import json
+import locale
 import os
+import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+ZYGOTE = Path(__file__).with_name("cli_zygote.py")
+# Variables the interpreter, torch, Transformers or huggingface_hub read once, at start or import (the
+# zygote read them before the call): a call that changes one gets a real process. PYTHONPATH is the
+# exception: the child builds its sys.path from it, as the interpreter does.
+READ_AT_IMPORT = ("PYTHON", "LD_", "MALLOC", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "CUDA", "NCCL",
+                  "MKL", "KMP", "GOMP", "TOKENIZERS", "XDG_", "TRITON")
+READY_TIMEOUT_S = 300.0
 
 
-def run_assay(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_assay_process(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """The real `assay` command in a subprocess: exit code, stdout and stderr as a user sees them."""
     return subprocess.run(
         [sys.executable, "-m", "assay", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
         env=os.environ.copy() | (env or {}),
     )
+
+
+def run_assay(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The `assay` command as a user runs it, forked from the pre-imported zygote (a real process where
+    the call changes what is read at import, or where no zygote can be had)."""
+    full_env = os.environ.copy() | (env or {})
+    zygote = _zygote()
+    if zygote is None or not zygote.accepts(full_env):
+        return run_assay_process(*args, cwd=cwd, timeout=timeout, env=env)
+    return zygote.run([str(a) for a in args], Path(cwd or os.getcwd()).resolve(), full_env, timeout)
+
+
+class _Zygote:
+    """This session's handle on tests/helpers/cli_zygote.py: a request per run, its exit code from a file."""
+
+    def __init__(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="assay-cli-"))
+        self.env = os.environ.copy()
+        self._log = open(self.folder / "zygote.log", "wb")
+        self._process = subprocess.Popen([sys.executable, str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._log, env=self.env, cwd=REPO)
+        self._lock = threading.Lock()
+        self._count = 0
+        self.ready = json.loads(self._read_line(READY_TIMEOUT_S) or "{}").get("ready", False)
+
+    def _read_line(self, timeout: float) -> str:
+        readable, _, _ = select.select([self._process.stdout], [], [], timeout)
+        return self._process.stdout.readline().decode() if readable else ""
+
+    def accepts(self, env: dict) -> bool:
+        changed = {key for key in env.keys() | self.env.keys() if env.get(key) != self.env.get(key)}
+        return self.ready and self._process.poll() is None and not any(key.startswith(READ_AT_IMPORT) for key in changed - {"PYTHONPATH"})
+
+    def run(self, args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "assay", *args]
+        with self._lock:
+            self._count += 1
+            stem = self.folder / f"run-{self._count}"
+            request = {"args": args, "cwd": str(cwd), "env": env, "stdout": f"{stem}.out", "stderr": f"{stem}.err", "status": f"{stem}.status"}
+            self._process.stdin.write((json.dumps(request) + "\n").encode())
+            self._process.stdin.flush()
+            answer = json.loads(self._read_line(60) or '{"error": "no answer"}')
+        if "error" in answer:  # it has started threads since: forking it is no longer safe
+            self.ready = False
+            return run_assay_process(*args, cwd=cwd, timeout=timeout, env=env)
+        status = Path(request["status"])
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        try:
+            while not status.exists():
+                if self._process.poll() is not None:
+                    raise AssertionError(f"the CLI zygote died during `assay {' '.join(args)}`")
+                if not timed_out and time.monotonic() > deadline:
+                    _kill_group(answer["pid"])  # as subprocess.run: kill, collect what it wrote, raise
+                    timed_out = True
+                time.sleep(0.02)
+        except BaseException:  # pytest's own timeout, Ctrl-C: the run does not outlive its test
+            _kill_group(answer["pid"])
+            raise
+        returncode = int(status.read_text())
+        stdout, stderr = (_decoded(Path(f"{stem}.{part}")) for part in ("out", "err"))
+        for part in ("out", "err", "status"):
+            Path(f"{stem}.{part}").unlink(missing_ok=True)
+        if timed_out:
+            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
+        return subprocess.CompletedProcess(command, returncode, stdout, stderr)
+
+    def close(self) -> None:
+        try:
+            self._process.stdin.close()  # the zygote kills what still runs and exits
+            self._process.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self._process.kill()
+        self._log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _decoded(path: Path) -> str:
+    """As subprocess.run(text=True) decodes a pipe: the locale's encoding, universal newlines."""
+    data = path.read_bytes() if path.exists() else b""
+    return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
+
+_started: list[_Zygote | None] = []
+
+
+def _zygote() -> _Zygote | None:
+    """The session's zygote, started on the first call (from the main thread only: the zygote dies with
+    the thread that started it, by PR_SET_PDEATHSIG); None where there is none to be had."""
+    if _started:
+        return _started[0]
+    if os.environ.get("ASSAY_TEST_CLI") == "process" or not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    zygote = _Zygote()
+    atexit.register(zygote.close)
+    _started.append(zygote if zygote.ready else None)
+    return _started[0]
 
 
 def run_torchrun(processes: int, *assay_args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
