@@ -4,7 +4,8 @@ each run), or as a real `python -m assay` process where the process itself is th
 `run_assay` is the default: exit code, stdout and stderr as a user sees them, without paying torch's and
 Transformers' imports (about 3 s) per call. `run_assay_process` starts a real interpreter, for the tests
 whose point is the process: signals, a real process's exit code, import time and which modules load.
-ASSAY_TEST_CLI=process sends every call to a real process (to compare the two).
+ASSAY_TEST_CLI=process sends every call to a real process (to compare the two); ASSAY_TEST_CLI_LOG=FILE
+appends one JSON line per call (forked or process, seconds, the command).
 
 It lives here, not in a conftest.py: several folders have their own conftest.py, and which one a bare
 `import conftest` finds depends on the order pytest collected them in.
@@ -26,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from helpers.cli_zygote import limit_file_size
+
 REPO = Path(__file__).resolve().parents[2]
 ZYGOTE = Path(__file__).with_name("cli_zygote.py")
 # Variables the interpreter, torch, Transformers or huggingface_hub read once, at start or import (the
@@ -36,22 +39,33 @@ READ_AT_IMPORT = ("PYTHON", "LD_", "MALLOC", "HF_", "HUGGINGFACE", "TRANSFORMERS
 READY_TIMEOUT_S = 300.0
 
 
-def run_assay_process(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_assay_process(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None,
+                      file_size_limit: int | None = None) -> subprocess.CompletedProcess:
     """The real `assay` command in a subprocess: exit code, stdout and stderr as a user sees them."""
     return subprocess.run(
         [sys.executable, "-m", "assay", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-        env=os.environ.copy() | (env or {}),
+        env=os.environ.copy() | (env or {}), preexec_fn=(lambda: limit_file_size(file_size_limit)) if file_size_limit else None,
     )
 
 
-def run_assay(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_assay(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None,
+              file_size_limit: int | None = None) -> subprocess.CompletedProcess:
     """The `assay` command as a user runs it, forked from the pre-imported zygote (a real process where
-    the call changes what is read at import, or where no zygote can be had)."""
+    the call changes what is read at import, or where no zygote can be had). `file_size_limit`: no file
+    over that many bytes can be written, as on a full disk."""
     full_env = os.environ.copy() | (env or {})
     zygote = _zygote()
+    started = time.monotonic()
     if zygote is None or not zygote.accepts(full_env):
-        return run_assay_process(*args, cwd=cwd, timeout=timeout, env=env)
-    return zygote.run([str(a) for a in args], Path(cwd or os.getcwd()).resolve(), full_env, timeout)
+        completed, how = run_assay_process(*args, cwd=cwd, timeout=timeout, env=env, file_size_limit=file_size_limit), "process"
+    else:
+        completed = zygote.run([str(a) for a in args], Path(cwd or os.getcwd()).resolve(), full_env, timeout, file_size_limit)
+        how = "forked"
+    if os.environ.get("ASSAY_TEST_CLI_LOG"):  # which calls forked and how long each took, to profile the suite
+        with open(os.environ["ASSAY_TEST_CLI_LOG"], "a") as log:
+            log.write(json.dumps({"how": how, "s": round(time.monotonic() - started, 2), "args": [str(a) for a in args[:3]],
+                                  "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
+    return completed
 
 
 class _Zygote:
@@ -75,18 +89,19 @@ class _Zygote:
         changed = {key for key in env.keys() | self.env.keys() if env.get(key) != self.env.get(key)}
         return self.ready and self._process.poll() is None and not any(key.startswith(READ_AT_IMPORT) for key in changed - {"PYTHONPATH"})
 
-    def run(self, args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, args: list[str], cwd: Path, env: dict, timeout: float, file_size_limit: int | None) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "assay", *args]
         with self._lock:
             self._count += 1
             stem = self.folder / f"run-{self._count}"
-            request = {"args": args, "cwd": str(cwd), "env": env, "stdout": f"{stem}.out", "stderr": f"{stem}.err", "status": f"{stem}.status"}
+            request = {"args": args, "cwd": str(cwd), "env": env, "stdout": f"{stem}.out", "stderr": f"{stem}.err", "status": f"{stem}.status",
+                       "file_size_limit": file_size_limit}
             self._process.stdin.write((json.dumps(request) + "\n").encode())
             self._process.stdin.flush()
             answer = json.loads(self._read_line(60) or '{"error": "no answer"}')
         if "error" in answer:  # it has started threads since: forking it is no longer safe
             self.ready = False
-            return run_assay_process(*args, cwd=cwd, timeout=timeout, env=env)
+            return run_assay_process(*args, cwd=cwd, timeout=timeout, env=env, file_size_limit=file_size_limit)
         status = Path(request["status"])
         deadline = time.monotonic() + timeout
         timed_out = False

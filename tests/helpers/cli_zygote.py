@@ -90,6 +90,15 @@ def _base_path() -> list[str]:
     return [p for p in sys.path[1:] if os.path.abspath(p) not in own]
 
 
+def limit_file_size(limit: int) -> None:
+    """A disk that holds no file over `limit` bytes: a write past it fails with EFBIG (SIGXFSZ, which
+    would kill the process instead, is ignored), as on a full disk."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
 def _as_python_m_assay(args: list[str]) -> None:
     """sys.argv and __main__ as `python -m assay` has them: Click names the program from both
     (`Usage: python -m assay ...`), and multiprocessing's spawn re-imports __main__ by its spec."""
@@ -128,6 +137,8 @@ def _child(request: dict, zygote_pid: int, base_path: list[str]) -> None:
         os.dup2(out, 1)
         os.dup2(err, 2)
         os.closerange(3, 65536)  # the zygote's pipes are not the run's business
+        if request.get("file_size_limit"):
+            limit_file_size(request["file_size_limit"])
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
