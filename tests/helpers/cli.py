@@ -32,10 +32,14 @@ from helpers.cli_zygote import limit_file_size
 REPO = Path(__file__).resolve().parents[2]
 ZYGOTE = Path(__file__).with_name("cli_zygote.py")
 # Variables the interpreter, torch, Transformers or huggingface_hub read once, at start or import (the
-# zygote read them before the call): a call that changes one gets a real process. PYTHONPATH is the
-# exception: the child builds its sys.path from it, as the interpreter does.
+# zygote read them before the call): a call that changes one gets a real process.
 READ_AT_IMPORT = ("PYTHON", "LD_", "MALLOC", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "CUDA", "NCCL",
                   "MKL", "KMP", "GOMP", "TOKENIZERS", "XDG_", "TRITON")
+# Under those prefixes, but read when used: the child builds its sys.path from PYTHONPATH as the interpreter
+# does; torch reads TORCHINDUCTOR_CACHE_DIR at each compile (and sets it in the process that compiled first,
+# this one included); huggingface_hub reads HF_XET_HIGH_PERFORMANCE only to download (which datasets'
+# import sets here, and no test does offline).
+READ_WHEN_USED = {"PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR", "HF_XET_HIGH_PERFORMANCE"}
 READY_TIMEOUT_S = 300.0
 
 
@@ -64,7 +68,7 @@ def run_assay(*args: str, cwd: Path | None = None, timeout: float = 600, env: di
     if os.environ.get("ASSAY_TEST_CLI_LOG"):  # which calls forked and how long each took, to profile the suite
         with open(os.environ["ASSAY_TEST_CLI_LOG"], "a") as log:
             log.write(json.dumps({"how": how, "s": round(time.monotonic() - started, 2), "args": [str(a) for a in args[:3]],
-                                  "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
+                                  "test": os.environ.get("PYTEST_CURRENT_TEST", ""), "why": zygote and zygote.read_at_import(full_env)}) + "\n")
     return completed
 
 
@@ -85,9 +89,13 @@ class _Zygote:
         readable, _, _ = select.select([self._process.stdout], [], [], timeout)
         return self._process.stdout.readline().decode() if readable else ""
 
+    def read_at_import(self, env: dict) -> list[str]:
+        """The variables this call changes that the zygote read at import: a reason to start a real process."""
+        changed = {key for key in env.keys() | self.env.keys() if env.get(key) != self.env.get(key)} - READ_WHEN_USED
+        return sorted(key for key in changed if key.startswith(READ_AT_IMPORT))
+
     def accepts(self, env: dict) -> bool:
-        changed = {key for key in env.keys() | self.env.keys() if env.get(key) != self.env.get(key)}
-        return self.ready and self._process.poll() is None and not any(key.startswith(READ_AT_IMPORT) for key in changed - {"PYTHONPATH"})
+        return self.ready and self._process.poll() is None and not self.read_at_import(env)
 
     def run(self, args: list[str], cwd: Path, env: dict, timeout: float, file_size_limit: int | None) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "assay", *args]
