@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.cli import run_assay
+from helpers.cli import run_assay, run_assay_process
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -36,7 +36,14 @@ def zoo_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def assay_cli():
+    """`assay ARGS` forked from the session's pre-imported CLI zygote (tests/helpers/cli.py)."""
     return run_assay
+
+
+@pytest.fixture
+def assay_process():
+    """`python -m assay ARGS` as a real process: for tests whose point is the process (a signal, import time)."""
+    return run_assay_process
 
 
 @pytest.fixture(scope="session")

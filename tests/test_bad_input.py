@@ -181,11 +181,11 @@ def test_probe_and_sweep_reject_before_creating_out(inputs, tmp_path, args, frag
                                   ["recall", "train", "--out", "{tmp}/r", "--keys", "0", "--steps", "1"],
                                   ["serve", "--model", "{qwen3}", "--max-seqs", "0"],
                                   ["serve", "--model", "{qwen3}", "--dtype", "int4"]], ids=" ".join)
-def test_bad_paths_names_and_numbers_are_refused_before_importing_torch(inputs, tmp_path, args):
+def test_bad_paths_names_and_numbers_are_refused_before_importing_torch(inputs, tmp_path, args, assay_process):
     # A wrong path or name is answered at once, not after the 2-4 s of importing torch and dynamo:
     # PYTHONPROFILEIMPORTTIME (python -X importtime) lists every module the process imported on stderr.
     filled = [a.format(tmp=tmp_path, qwen3=inputs["qwen3"]) for a in args]
-    result = run_assay(*filled, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    result = assay_process(*filled, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert result.returncode == 2, result.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
     assert "assay.cli" in imported and "torch" not in imported and "transformers" not in imported

@@ -223,7 +223,8 @@ class Client:
         route, body = self.rng.choice([
             ("/v1/completions", self.completion_body(frobnicate=1)),
             ("/v1/completions", self.completion_body(best_of=3)),  # OpenAI's, not implemented: named, not dropped
-            ("/v1/chat/completions", self.chat_body(tools=[{"type": "function", "function": {"name": "f"}}])),
+            # The deprecated form of tools, not implemented (tools and tool_choice are): named, not dropped.
+            ("/v1/chat/completions", self.chat_body(functions=[{"name": "f", "parameters": {"type": "object"}}])),
             ("/v1/chat/completions", self.chat_body(temprature=0.5)),
         ])
         return refusal(self.http.post(route, json=body))

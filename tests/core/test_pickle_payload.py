@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.cli import refusal_line
 
 PAYLOAD_FILE = "pytorch_model.bin"
 
@@ -43,9 +44,8 @@ def test_the_payload_is_live(payload_checkpoint):
 
 
 def assert_refused(completed, fragment: str, marker: Path) -> None:
-    lines = [line for line in completed.stderr.splitlines() if line.strip()]
-    assert completed.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), completed.stderr[-3000:]
-    assert fragment in lines[0], lines[0]
+    error = refusal_line(completed)  # after `assay serve`'s "loading ..." line at most
+    assert fragment in error, error
     assert not marker.exists(), "the pickle's payload ran"
 
 

@@ -76,9 +76,9 @@ def unbroken(train_zoo, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", list(KILLS))
 @pytest.mark.parametrize("path", ["native", "hf"])
-def test_resume_after_sigkill_reaches_the_unbroken_losses_bit_for_bit(train_zoo, unbroken, assay_cli, tmp_path, path, kill):
+def test_resume_after_sigkill_reaches_the_unbroken_losses_bit_for_bit(train_zoo, unbroken, assay_cli, assay_process, tmp_path, path, kill):
     args = train_args(train_zoo / "qwen3", tmp_path, "--path", path)
-    killed = assay_cli(*args, env={KILL_ENV: KILLS[kill]})
+    killed = assay_process(*args, env={KILL_ENV: KILLS[kill]})
     assert killed.returncode == SIGKILL_STATUS, killed.stderr[-3000:]
     assert_killed_as_planned(kill, tmp_path / "ckpt", read_jsonl(tmp_path / "run.jsonl"))
 
@@ -97,8 +97,8 @@ def test_resume_after_sigkill_reaches_the_unbroken_losses_bit_for_bit(train_zoo,
 
 
 @pytest.mark.slow
-def test_a_checkpoint_killed_mid_write_leaves_the_previous_one_loadable(train_zoo, assay_cli, tmp_path):
-    killed = assay_cli(*train_args(train_zoo / "qwen3", tmp_path), env={KILL_ENV: "checkpoint:6"})
+def test_a_checkpoint_killed_mid_write_leaves_the_previous_one_loadable(train_zoo, assay_process, tmp_path):
+    killed = assay_process(*train_args(train_zoo / "qwen3", tmp_path), env={KILL_ENV: "checkpoint:6"})
     assert killed.returncode == SIGKILL_STATUS, killed.stderr[-3000:]
     previous = latest_checkpoint(tmp_path / "ckpt")
     assert previous.name == "step-000003"

@@ -8,8 +8,6 @@ over a 1,024-token vocabulary: rounding of the logsumexp only); whole runs again
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -79,11 +77,8 @@ def test_activation_checkpointing_inside_compiled_blocks(train_zoo):
     assert compiled.summary["compile"]["graph_breaks"] == 0
 
 
-def test_unknown_activation_checkpointing_mode_is_one_line_exit_2(train_zoo):
-    completed = subprocess.run(
-        [sys.executable, "-m", "assay", "train", "--model", str(train_zoo / "qwen3"), "--steps", "1", "--activation-checkpointing", "some"],
-        capture_output=True, text=True, cwd=REPO,
-    )
+def test_unknown_activation_checkpointing_mode_is_one_line_exit_2(train_zoo, assay_cli):
+    completed = assay_cli("train", "--model", str(train_zoo / "qwen3"), "--steps", "1", "--activation-checkpointing", "some", cwd=REPO)
     assert completed.returncode == 2
     assert completed.stderr.strip().splitlines() == ["error: unknown --activation-checkpointing 'some' (one of none, full, selective)"]
 
