@@ -16,5 +16,8 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "test: chromium not found and cannot be installed here (need root and apt-get); the browser tests will fail" >&2
   fi
 fi
-echo "test: running pytest $*" >&2
-python -m pytest "$@"
+# One pytest process keeps about one core busy (it waits on servers, subprocesses and HTTP round trips):
+# 3 pytest-xdist workers keep both cores of a 2-core machine busy. ASSAY_TEST_WORKERS=0 runs it in this process.
+workers="${ASSAY_TEST_WORKERS:-3}"
+echo "test: running pytest with $workers workers $*" >&2
+python -m pytest -n "$workers" --dist loadfile "$@"

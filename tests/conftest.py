@@ -1,4 +1,5 @@
-"""Session-wide fixtures: the tiny zoo is built once (about 20 s) and shared by every test."""
+"""Session-wide fixtures: the tiny zoo is built once (about 20 s) and shared by every test, and by every
+pytest-xdist worker (`scripts/test.sh` runs the suite in several); how the files are shared out to workers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from helpers.cli import run_assay, run_assay_process
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -29,9 +31,16 @@ def zoo_dir(tmp_path_factory) -> Path:
     across sessions: build_zoo skips finished entries."""
     from assay.zoo import build_zoo
 
-    folder = Path(os.environ["ASSAY_TEST_ZOO"]) if os.environ.get("ASSAY_TEST_ZOO") else tmp_path_factory.mktemp("zoo")
-    build_zoo(folder, progress=False)
+    folder = Path(os.environ["ASSAY_TEST_ZOO"]) if os.environ.get("ASSAY_TEST_ZOO") else _shared_folder(tmp_path_factory) / "zoo"
+    with FileLock(f"{folder}.lock"):  # the first worker builds it, the others wait and find every entry finished
+        build_zoo(folder, progress=False)
     return folder
+
+
+def _shared_folder(tmp_path_factory) -> Path:
+    """The session's temporary folder, or under pytest-xdist the one all its workers' folders are in."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture
@@ -55,8 +64,11 @@ def real_model_dir(tmp_path_factory) -> Path:
     with one line."""
     from assay.zoo.real import cached_smollm2, smollm2_cache_folder
 
-    if os.environ.get("ASSAY_TEST_REAL"):
-        kept = cached_smollm2(root=os.environ["ASSAY_TEST_REAL"])
+    # Each xdist worker has its own user cache (isolated_user_cache); the conversion is done once for all.
+    kept_root = os.environ.get("ASSAY_TEST_REAL") or (os.environ.get("PYTEST_XDIST_WORKER") and _shared_folder(tmp_path_factory) / "real")
+    if kept_root:
+        with FileLock(f"{kept_root}.lock"):
+            kept = cached_smollm2(root=kept_root)
         cache = smollm2_cache_folder()
         if not cache.exists():
             shutil.copytree(kept, cache, copy_function=_link_or_copy)
@@ -68,3 +80,55 @@ def _link_or_copy(source: str, target: str) -> None:
         os.link(source, target)
     except OSError:  # another file system
         shutil.copy2(source, target)
+
+
+
+# How the suite is shared out to pytest-xdist workers (scripts/test.sh runs it with `-n 3 --dist loadfile`).
+# A file's tests go to one worker, so its module fixtures (a started server, a trained run) are made once;
+# the files that start a Ray cluster share one worker, one cluster at a time (two at once on two cores
+# time out their actors' start).
+RAY_FILES = ("serve/test_ray_serve.py", "serve/test_ray_replica_loss.py", "compat/test_ray_sweep.py")
+# The files that took longest in a profile of the whole suite (over a minute of a worker's time each),
+# longest first: they start first, so no worker is left running one of them alone at the end.
+LONGEST_FIRST = (
+    "compat/test_real_model.py", "recall/test_learning.py", "test_readme_tour.py", *RAY_FILES, "compat/test_eval.py",
+    "compat/test_sharded.py", "ops/test_gla.py", "serve/test_guided_decode.py", "compat/test_sweep.py",
+    "train/test_crash_resume.py", "compat/test_triage.py", "serve/test_structured_real.py", "compat/test_probe.py",
+    "app/test_browser.py", "train/test_distributed.py", "selftest/test_selftest.py", "serve/test_soak.py",
+    "kernels/test_triton_interpreter.py", "compat/test_zygote.py", "serve/test_real_serving.py", "serve/test_lm_eval.py",
+)
+
+
+def _relative(path: Path) -> str:
+    root = Path(__file__).parent
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first; the rest, and the tests inside each file, keep their order (a stable sort)."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_relative(item.path), len(rank)))
+
+
+class FileScheduling:
+    """pytest-xdist's file-by-file scheduling, with the Ray files as one unit and the collection's order kept."""
+
+    @pytest.hookimpl
+    def pytest_xdist_make_scheduler(self, config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        if config.getvalue("dist") != "loadfile":
+            return None
+
+        class Scheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                path = nodeid.split("::", 1)[0]
+                return "ray" if path.removeprefix("tests/") in RAY_FILES else path
+
+        config.option.loadscopereorder = False  # xdist would put the files with most tests first instead
+        return Scheduling(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(FileScheduling(), "assay-file-scheduling")

@@ -38,8 +38,10 @@ READ_AT_IMPORT = ("PYTHON", "LD_", "MALLOC", "HF_", "HUGGINGFACE", "TRANSFORMERS
 # Under those prefixes, but read when used: the child builds its sys.path from PYTHONPATH as the interpreter
 # does; torch reads TORCHINDUCTOR_CACHE_DIR at each compile (and sets it in the process that compiled first,
 # this one included); huggingface_hub reads HF_XET_HIGH_PERFORMANCE only to download (which datasets'
-# import sets here, and no test does offline).
-READ_WHEN_USED = {"PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR", "HF_XET_HIGH_PERFORMANCE"}
+# import sets here, and no test does offline); Hugging Face's tokenizers read TOKENIZERS_PARALLELISM at each
+# encode (Transformers' generate sets it here); KMP_DUPLICATE_LIB_OK is read by Intel's OpenMP when it loads,
+# which this torch (GNU OpenMP) never does in the zygote (inductor's first compile sets it here).
+READ_WHEN_USED = {"PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR", "HF_XET_HIGH_PERFORMANCE", "TOKENIZERS_PARALLELISM", "KMP_DUPLICATE_LIB_OK"}
 READY_TIMEOUT_S = 300.0
 
 
