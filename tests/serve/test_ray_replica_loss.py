@@ -33,6 +33,7 @@ from assay.serve.ray.deployment import replica_processes
 REQUESTS, CONCURRENCY, MAX_TOKENS = 40, 16, 64
 PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [11, 12, 13, 14, 15], [42, 43, 44]]
 SEED, TEMPERATURE = 1234, 0.8
+STAGGER_S = 0.05  # between the first wave's starts: their ends spread over a few decode steps
 
 
 def expected_texts(zoo_dir) -> dict[tuple[int, str], str]:
@@ -105,6 +106,9 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
         results: dict[int, tuple] = {}
 
         def ask(i: int) -> None:
+            # The first wave starts staggered: requests of one length started together end together, and a kill
+            # that lands between two such waves finds nothing running (the next wave still in Ray's queue).
+            time.sleep(STAGGER_S * i if i < CONCURRENCY else 0)
             with lock:
                 in_flight[0] += 1
             try:
@@ -151,7 +155,7 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
                     except httpx.TransportError:
                         return None
 
-                while finished[0] < after or max(running.values(), default=0) < 3:
+                while finished[0] < after or in_flight[0] < 8 or max(running.values(), default=0) < 3:
                     running = (poll() or {"replicas": {"running": running}})["replicas"]["running"]
                     if time.monotonic() > deadline:
                         return
