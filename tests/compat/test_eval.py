@@ -17,7 +17,6 @@ import pytest
 import torch
 from compat.test_dataset import make_row
 
-import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends)
 from assay.compat.results.dataset import query, write_row
 from assay.compat.results.diff import diff_stacks
 from assay.compat.eval.compare import AGREEMENT_MIN, TaskComparison, verdict

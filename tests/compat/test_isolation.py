@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends in this process too)
 from assay.compat.run.isolate import run_isolated
 from assay.compat.probe.plan import plan_probe
 from assay.compat.probe.request import ProbeRequest, classify_exception

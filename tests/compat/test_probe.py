@@ -10,7 +10,6 @@ from assay.compat.run.single import probe_and_record
 from assay.compat.results.schema import SCHEMA_VERSION
 from assay.zoo import ZOO
 
-import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends)
 
 
 @pytest.mark.slow

@@ -26,7 +26,6 @@ from assay.compat.probe.reasons import combine, recompile_reasons
 from assay.compat.results.schema import SCHEMA, SCHEMA_VERSION
 from assay.core.compiling import CompileStats, compile_fn, watch
 
-import helpers.misbehaving_backends  # noqa: F401  (registers the test_* compile backends in this process)
 
 TESTS = str(Path(__file__).resolve().parents[1])
 PLUGIN_ENV = {"ASSAY_PLUGINS": "helpers.misbehaving_backends", "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}

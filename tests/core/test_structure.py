@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -144,13 +145,14 @@ def test_no_module_only_re_exports_names():
 
 
 MAX_F401_OUTSIDE_INIT = 3
+SUPPRESSION = re.compile(r"#\s*noqa:\s*F401")  # the comment itself, not a mention of it in a string
 
 
 def test_at_most_three_unused_import_suppressions_outside_package_faces():
     # `noqa: F401` outside an __init__.py is a re-export (or an import kept for its side effect); the few
-    # side-effect imports that must stay fit in three.
-    found = [f"{path}:{number}" for path, text in _modules("assay", "bench")
-             for number, line in enumerate(text.splitlines(), start=1) if "noqa: F401" in line]
+    # side-effect imports that must stay, the tests' included, fit in three.
+    found = [f"{path}:{number}" for path, text in _modules("assay", "bench", "tests")
+             for number, line in enumerate(text.splitlines(), start=1) if SUPPRESSION.search(line)]
     assert len(found) <= MAX_F401_OUTSIDE_INIT, found
 
 

@@ -130,7 +130,6 @@ def greedy_tokens(model_dir, prompt: list[int], max_tokens: int) -> list[int]:
 
 def transformers_logprobs(model_dir, ids: list[int]) -> torch.Tensor:
     """log_softmax (float32) of a Transformers forward over ids: [len(ids), vocab]."""
-    import assay  # noqa: F401 (registers the native GLA with Transformers' Auto classes)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

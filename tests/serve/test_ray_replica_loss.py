@@ -1,7 +1,7 @@
 """An engine replica SIGKILLed under load loses no request: `assay serve --executor ray --replicas 2` over the
-tiny Qwen3, 40 requests of 64 tokens (one in four streamed), 16 at a time, the replica running the most
+tiny Qwen3, 40 requests of 128 tokens (one in four streamed), 16 at a time, the replica running the most
 killed at a random moment while at least 8 are unfinished. Every non-streamed request answers 200 with its
-64 tokens, and those that were run again (X-Assay-Reruns) give the text of an unbroken run; every stream
+128 tokens, and those that were run again (X-Assay-Reruns) give the text of an unbroken run; every stream
 ends with [DONE] (or an error event), the openai client sees no protocol error, and the streams that ended
 give the unbroken run's text too, greedy or seeded. /health turns degraded, /metrics counts the loss and the
 reruns; with every engine replica killed, a request gets 503 with Retry-After. Expected texts come from an
@@ -30,7 +30,10 @@ from serve.test_http import metrics
 from assay.serve import Engine, EngineConfig, run_to_completion
 from assay.serve.ray.deployment import replica_processes
 
-REQUESTS, CONCURRENCY, MAX_TOKENS = 40, 16, 64
+# 128 tokens: a request runs long enough that the kill lands while its tokens are still being made. At 64, on one
+# thread per replica, a replica could finish the requests the router still counted as running (their tokens on the
+# way to a router slowed by the machine's load), and the kill found no request to run again.
+REQUESTS, CONCURRENCY, MAX_TOKENS = 40, 16, 128
 PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [11, 12, 13, 14, 15], [42, 43, 44]]
 SEED, TEMPERATURE = 1234, 0.8
 STAGGER_S = 0.05  # between the first wave's starts: their ends spread over a few decode steps
