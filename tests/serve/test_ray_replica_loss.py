@@ -30,9 +30,7 @@ from serve.test_http import metrics
 from assay.serve import Engine, EngineConfig, run_to_completion
 from assay.serve.ray.deployment import replica_processes
 
-# 128 tokens: a request runs long enough that the kill lands while its tokens are still being made. At 64, on one
-# thread per replica, a replica could finish the requests the router still counted as running (their tokens on the
-# way to a router slowed by the machine's load), and the kill found no request to run again.
+# 128 tokens: a request runs long enough that the kill lands while its tokens are still being made.
 REQUESTS, CONCURRENCY, MAX_TOKENS = 40, 16, 128
 PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [11, 12, 13, 14, 15], [42, 43, 44]]
 SEED, TEMPERATURE = 1234, 0.8
@@ -92,6 +90,10 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
     expected = expected_texts(zoo_dir)
     ray_tmp = tempfile.mkdtemp(prefix="assay-ray-", dir="/tmp")  # short: Ray's socket paths are limited
     env = os.environ.copy() | {"RAY_ADDRESS": "", "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+    # The server with torch's own thread count, as a user starts it: the suite's one thread per process (tests/conftest.py)
+    # makes the replicas outpace a router slowed by the machine's load, which then still counts requests a replica has
+    # finished, and a kill can find nothing to run again.
+    env.pop("OMP_NUM_THREADS", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "assay", "serve", "--model", str(zoo_dir / "qwen3-pretrained"), "--eager", "--max-seqs", "8",
          "--max-len", "256", "--port", "0", "--executor", "ray", "--replicas", "2"],
@@ -193,8 +195,12 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
         reruns = sum(scraped[("assay_requests_rerun_total", (("sent", s),))] for s in ("none", "tokens"))
         assert reruns >= len(rerun)
 
-        # Every engine replica killed: a request gets 503 and Retry-After at once, not a 500 or a hang.
-        for pid in replica_processes(process.pid).values():
+        # Every engine replica killed: a request gets 503 and Retry-After at once, not a 500 or a hang. First both
+        # running again (a replica Ray Serve is still starting after the kill above would answer after this one).
+        assert wait_for_health(url, "ok") == (200, "ok")
+        live = replica_processes(process.pid)
+        assert len(live) == 2, live
+        for pid in live.values():
             os.kill(pid, signal.SIGKILL)
         assert wait_for_health(url, "unavailable") == (503, "unavailable")
         refused = httpx.post(f"{url}/v1/completions", json=body(0), timeout=30)
