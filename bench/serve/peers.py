@@ -14,7 +14,7 @@ request when its last one ends). Measured at the client: output tokens/s over th
 to first token, time per output token (TPOT: from the first token to the last, over the tokens between).
 Every server gets one untimed request first (lazy set-up is not serving speed) and the same threads (the
 client shares the machine with it, as it does with each peer). The peers' commands are the user's: docs/serve.md
-("Measuring against llama.cpp and vLLM") gives the recipes used for the figures in the README.
+("Measuring against llama.cpp and vLLM") says how to build each and make its model file.
 """
 
 from __future__ import annotations
