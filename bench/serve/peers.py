@@ -10,8 +10,9 @@ The workload is the one vLLM's `bench serve --dataset-name random` sends, on rea
 ids (windows of the embedded corpus at random offsets, the same ids for every server: a GGUF converted from the
 model's tokenizer.json numbers the tokens alike), --max-tokens new tokens with ignore_eos, temperature 0,
 streamed. For each concurrency c, --requests requests go out c at a time (c clients, each sending its next
-request when its last one ends). Measured at the client: output tokens/s over the wall time of the batch, time
-to first token, time per output token (TPOT: from the first token to the last, over the tokens between).
+request when its last one ends). Measured at the client: output tokens/s over the wall time of the batch (tokens of whole answers only;
+a connection the server drops is counted, not retried), time to first token, time per output token (TPOT:
+from the first token to the last, over the tokens between).
 Every server gets one untimed request first (lazy set-up is not serving speed) and the same threads (the
 client shares the machine with it, as it does with each peer). The peers' commands are the user's: docs/serve.md
 ("Measuring against llama.cpp and vLLM") says how to build each and make its model file.
@@ -114,18 +115,21 @@ def one_request(client: httpx.Client, server: Server, prompt: list[int], max_tok
     body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
     sent = time.perf_counter()
     stamps, finish = [], None
-    with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            return {"status": response.status_code, "error": response.read().decode(errors="replace")[:300]}
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choices = json.loads(line[6:]).get("choices") or []
-            if not choices:
-                continue
-            if choices[0].get("text"):
-                stamps.append(time.perf_counter())
-            finish = choices[0].get("finish_reason") or finish
+    try:
+        with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                return {"status": response.status_code, "error": response.read().decode(errors="replace")[:300]}
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:]).get("choices") or []
+                if not choices:
+                    continue
+                if choices[0].get("text"):
+                    stamps.append(time.perf_counter())
+                finish = choices[0].get("finish_reason") or finish
+    except httpx.TransportError as exc:  # a server that drops the connection (llama-server does at c = 32 here)
+        return {"status": "dropped", "error": f"{type(exc).__name__}: {exc}", "tokens_before": len(stamps)}
     result = {"status": 200, "tokens": len(stamps), "finish_reason": finish, "ttft_s": stamps[0] - sent if stamps else None}
     if len(stamps) >= 2:
         result["tpot_s"] = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
@@ -162,7 +166,8 @@ def summary(results: list[dict], wall_s: float, max_tokens: int) -> dict:
     tpot = [r["tpot_s"] for r in ok if "tpot_s" in r]
     tokens = sum(r["tokens"] for r in ok)
     return {
-        "requests": len(results), "answered": len(ok), "errors": [r.get("error", r["status"]) for r in results if r["status"] != 200][:3],
+        "requests": len(results), "answered": len(ok), "dropped": sum(r["status"] == "dropped" for r in results),
+        "errors": [r.get("error", r["status"]) for r in results if r["status"] != 200][:3],
         "whole_answers": sum(r["tokens"] == max_tokens for r in ok), "output_tokens": tokens, "wall_s": wall_s,
         "output_tokens_per_s": tokens / wall_s if wall_s else None,
         "ttft_s": {f"p{q}": percentile(ttft, q) for q in (50, 99)} if ttft else None,
@@ -183,7 +188,7 @@ def measure(server: Server, work: list[list[int]], widths: list[int], requests: 
         runs.append(entry)
         tpot = entry["tpot_s"]["p50"] * 1000 if entry["tpot_s"] else float("nan")
         print(f"  {server.name}: c={concurrency}: {entry['output_tokens_per_s']:.1f} output tok/s, median TPOT {tpot:.1f} ms, "
-              f"{entry['whole_answers']}/{count} whole answers", flush=True)
+              f"{entry['whole_answers']}/{count} whole answers, {entry['dropped']} connections dropped", flush=True)
     return runs
 
 
