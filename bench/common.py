@@ -105,3 +105,43 @@ def stop_server(process: subprocess.Popen, timeout: float = 120.0) -> int:
         process.kill()
         process.communicate()
     return process.returncode
+
+
+def drive_clients(work: list, concurrency: int, ask, timeout: float = 900) -> tuple[list[dict], float]:
+    """`concurrency` client threads take items of `work` until none is left, each sending ask(session, item)
+    (an httpx.Client per thread: one keep-alive connection, so no request pays a connect); (answers, wall s)."""
+    import httpx
+
+    results, lock, queue = [], threading.Lock(), list(work)
+
+    def client() -> None:
+        with httpx.Client(timeout=timeout) as session:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    item = queue.pop()
+                answer = ask(session, item)
+                with lock:
+                    results.append(answer)
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, time.perf_counter() - start
+
+
+def corpus_prompts(model_dir: Path, count: int, length: int, seed: int = 0) -> list[list[int]]:
+    """`count` windows of `length` token ids of the embedded corpus (the model's tokenizer), at random offsets."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from assay.zoo.corpus import corpus_text
+
+    ids = AutoTokenizer.from_pretrained(str(model_dir)).encode(corpus_text())
+    rng = random.Random(seed)
+    return [ids[start:start + length] for start in (rng.randrange(len(ids) - length) for _ in range(count))]

@@ -20,9 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 import argparse
 import json
-import random
 import tempfile
-import threading
 import time
 
 import httpx
@@ -30,24 +28,13 @@ import httpx
 from assay.core.files import atomic_write_json
 from assay.core.metrics import percentile
 from assay.core.output import print_table
-from bench.common import RESULTS, start_server, stop_server
+from bench.common import RESULTS, corpus_prompts, drive_clients, start_server, stop_server
 
 CONCURRENCY = (1, 8, 32)
 REQUESTS = 48
 MAX_TOKENS = 32
 PROMPT_TOKENS = 64
 MAX_SEQS = 8
-
-
-def prompts(model_dir: Path, count: int, seed: int = 0) -> list[list[int]]:
-    """Windows of the embedded corpus at random offsets, PROMPT_TOKENS tokens each."""
-    from transformers import AutoTokenizer
-
-    from assay.zoo.corpus import corpus_text
-
-    ids = AutoTokenizer.from_pretrained(str(model_dir)).encode(corpus_text())
-    rng = random.Random(seed)
-    return [ids[start:start + PROMPT_TOKENS] for start in (rng.randrange(len(ids) - PROMPT_TOKENS) for _ in range(count))]
 
 
 def serve_flags(model_dir: Path, max_waiting: int) -> list:
@@ -79,30 +66,7 @@ def one_request(client: httpx.Client, url: str, prompt: list[int]) -> dict:
 
 def drive(url: str, work: list[list[int]], concurrency: int) -> tuple[list[dict], float]:
     """`concurrency` clients take prompts from a shared list until it is empty; (results, wall seconds)."""
-    results: list[dict] = []
-    lock = threading.Lock()
-    queue = list(work)
-
-    def client() -> None:
-        # One keep-alive connection per client: a new httpx.Client per request would add its own set-up
-        # (an SSL context, a TCP connect) of tens of milliseconds to every time to first token.
-        with httpx.Client(timeout=600) as session:
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    prompt = queue.pop()
-                answer = one_request(session, url, prompt)
-                with lock:
-                    results.append(answer)
-
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results, time.perf_counter() - start
+    return drive_clients(work, concurrency, lambda session, prompt: one_request(session, url, prompt), timeout=600)
 
 
 def server_metrics(url: str) -> dict[str, float]:
@@ -144,7 +108,7 @@ def main() -> None:
         zoo = Path(tempfile.mkdtemp(prefix="assay-zoo-"))
         build_zoo(zoo, progress=False)
     model_dir = zoo / args.model
-    work = prompts(model_dir, REQUESTS + 32)
+    work = corpus_prompts(model_dir, REQUESTS + 32, PROMPT_TOKENS)
     cache_dir = tempfile.mkdtemp(prefix="assay-inductor-")
 
     record: dict = {"model": args.model, "max_seqs": MAX_SEQS, "max_tokens": MAX_TOKENS, "prompt_tokens": PROMPT_TOKENS,

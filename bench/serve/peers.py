@@ -28,13 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import argparse
 import json
 import os
-import random
 import shlex
 import signal
-import socket
 import subprocess
 import tempfile
-import threading
 import time
 
 import httpx
@@ -42,26 +39,10 @@ import httpx
 from assay.core.files import atomic_write_json
 from assay.core.metrics import percentile, save_figure
 from assay.core.output import print_table
-from bench.common import RESULTS, load_average, machine
+from assay.core.net import free_port
+from bench.common import RESULTS, corpus_prompts, drive_clients, load_average, machine
 
 ASSAY_MODES = {"eager": ["--eager"], "compiled": ["--compile"]}
-
-
-def prompts(model_dir: Path, count: int, length: int, seed: int = 0) -> list[list[int]]:
-    """`count` windows of `length` token ids of the embedded corpus, at random offsets."""
-    from transformers import AutoTokenizer
-
-    from assay.zoo.corpus import corpus_text
-
-    ids = AutoTokenizer.from_pretrained(str(model_dir)).encode(corpus_text())
-    rng = random.Random(seed)
-    return [ids[start:start + length] for start in (rng.randrange(len(ids) - length) for _ in range(count))]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Server:
@@ -137,27 +118,8 @@ def one_request(client: httpx.Client, server: Server, prompt: list[int], max_tok
 
 
 def drive(server: Server, work: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[dict], float]:
-    """`concurrency` clients, one keep-alive connection each, take prompts until none is left; (results, wall s)."""
-    results, lock, queue = [], threading.Lock(), list(work)
-
-    def client() -> None:
-        with httpx.Client(timeout=900) as session:
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    prompt = queue.pop()
-                answer = one_request(session, server, prompt, max_tokens)
-                with lock:
-                    results.append(answer)
-
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results, time.perf_counter() - start
+    """`concurrency` clients take prompts until none is left; (results, wall s)."""
+    return drive_clients(work, concurrency, lambda session, prompt: one_request(session, server, prompt, max_tokens))
 
 
 def summary(results: list[dict], wall_s: float, max_tokens: int) -> dict:
@@ -247,7 +209,7 @@ def main() -> None:
     if not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model}: no config.json there")
 
-    work = prompts(args.model, max(requests), args.prompt_tokens)
+    work = corpus_prompts(args.model, max(requests), args.prompt_tokens)
     servers = [(f"assay {mode}", f"{shlex.quote(sys.executable)} -m assay serve --model {shlex.quote(str(args.model))} --port {{port}} "
                 f"--max-seqs {args.max_seqs} {' '.join(ASSAY_MODES[mode])}") for mode in modes] + peers
     log_dir = Path(tempfile.mkdtemp(prefix="assay-peers-"))  # each server's output, named in the record
