@@ -182,6 +182,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True, help="the checkpoint folder assay serves (and whose tokenizer makes the prompts)")
     parser.add_argument("--assay-modes", default="eager", help=f"assay serve modes, comma-separated: {', '.join(ASSAY_MODES)}")
     parser.add_argument("--max-seqs", type=int, default=32, help="assay's slots (give each peer as many: -np, --max-num-seqs)")
+    parser.add_argument("--max-len", type=int, default=256, help="assay's positions per slot (llama-server's -c over -np: 8192 / 32); "
+                                                                 "a compiled decode attends over all of them")
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=COMMAND",
                         help="a peer server's command line, with {port} (and {threads}) where they go; repeatable")
     parser.add_argument("--concurrency", default="1,8,32")
@@ -208,10 +210,12 @@ def main() -> None:
         peers.append((name, command))
     if not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model}: no config.json there")
+    if args.prompt_tokens + args.max_tokens > args.max_len:
+        parser.error(f"--prompt-tokens + --max-tokens ({args.prompt_tokens + args.max_tokens}) exceed --max-len {args.max_len}")
 
     work = corpus_prompts(args.model, max(requests), args.prompt_tokens)
     servers = [(f"assay {mode}", f"{shlex.quote(sys.executable)} -m assay serve --model {shlex.quote(str(args.model))} --port {{port}} "
-                f"--max-seqs {args.max_seqs} {' '.join(ASSAY_MODES[mode])}") for mode in modes] + peers
+                f"--max-seqs {args.max_seqs} --max-len {args.max_len} {' '.join(ASSAY_MODES[mode])}") for mode in modes] + peers
     log_dir = Path(tempfile.mkdtemp(prefix="assay-peers-"))  # each server's output, named in the record
     record = {"benchmark": "serve_peers", "model": str(args.model), "model_name": args.model.resolve().name, "machine": machine(),
               "threads": args.threads, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,

@@ -56,7 +56,7 @@ def test_assay_help_imports_no_torch():
 SERVE_SETTINGS = {
     "assay.serve.settings", "assay.serve.engine", "assay.serve.engine.config", "assay.serve.engine.scheduler",
     "assay.serve.http", "assay.serve.http.middleware", "assay.serve.http.responses", "assay.serve.runner",
-    "assay.serve.runner.dtypes",
+    "assay.serve.runner.dtypes", "assay.serve.runner.gemm",
 }
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from assay.core.errors import AssayError
 from assay.serve.engine.scheduler import AUTO_BUCKETS, POLICIES, check_buckets, resolve_buckets
 from assay.serve.runner.dtypes import check_state_dtype, check_weight_dtype
+from assay.serve.runner.gemm import DECODE_GEMMS, decode_gemm
 
 if TYPE_CHECKING:
     from assay.serve.engine.sampling import TokenLogprob
@@ -31,6 +32,10 @@ class EngineConfig:
     eager: bool = setting(False, "--eager", "no torch.compile: exact, reproducible logits")
     device: str = setting("cpu", "--device", "cpu, cuda, neuron, xpu, mps, ...")
     backend: str = setting("inductor", "--backend", "torch.compile backend of the decode step")
+    # serve/runner/gemm.py: inductor's C++ GEMM template reads a narrow step's weights at the memory's rate on an x86
+    # CPU, the library GEMM at 30-45% of it; it costs max-autotune compiles at warm-up and a packed copy of the weights.
+    decode_gemm: str = setting("auto", "--decode-gemm", f"the compiled decode's GEMM: {', '.join(DECODE_GEMMS)} (auto: inductor's C++ "
+                                                        "template for widths up to 8 on an x86 CPU, the library GEMM elsewhere)")
     state_dtype: str = setting("float32", "--state-dtype", "dtype of each slot's state: float32 or bfloat16")
     dtype: str = setting("float32", "--dtype", "dtype of the weights: float32 or bfloat16 (logits stay float32)")
     max_waiting: int = setting(256, "--max-waiting", "requests queued for a slot before new ones get 429")
@@ -84,6 +89,7 @@ class EngineConfig:
         check_state_dtype(self.state_dtype)
         check_weight_dtype(self.dtype)
         check_buckets(self.buckets, self.max_seqs)
+        decode_gemm(self.decode_gemm, self.device.split(":")[0], None if self.eager else self.backend, 1)
         if self.scheduling not in POLICIES:
             raise AssayError(f"scheduling {self.scheduling!r}: expected one of {', '.join(sorted(POLICIES))}")
 

@@ -2,11 +2,13 @@
 reference system measured), with the time and the compiles of each call recorded.
 
 A compiled graph has static shapes, so each width is its own graph; warm_up compiles the widths a
-bucket set can reach before serving, so no request ever waits on the compiler.
+bucket set can reach before serving, so no request ever waits on the compiler. Each width's graph is
+compiled with the GEMM gemm.py picks for it (inductor's C++ template for narrow steps on an x86 CPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import types
 from time import perf_counter as now
@@ -15,6 +17,7 @@ import torch
 
 from assay.core.compiling import CompileStats, compile_fn, watch
 from assay.core.device import synchronize
+from assay.serve.runner.gemm import decode_gemm, inductor_patches
 from assay.serve.runner.weights import SlotModel
 
 log = logging.getLogger("assay.serve")
@@ -33,12 +36,16 @@ def _decode_call(slot_model: SlotModel, tokens, slot_ids, positions, buffers):
 
 
 class CompiledDecode:
-    """slot_model.decode, eager (backend None) or compiled with `backend`; its compiles counted in compile_stats."""
+    """slot_model.decode, eager (backend None) or compiled with `backend`; its compiles counted in compile_stats.
+    gemm: the --decode-gemm choice (gemm.DECODE_GEMMS), resolved per width when that width first runs."""
 
-    def __init__(self, slot_model: SlotModel, backend: str | None, max_seqs: int, device: torch.device):
+    def __init__(self, slot_model: SlotModel, backend: str | None, max_seqs: int, device: torch.device, gemm: str = "auto"):
         self.slot_model = slot_model
         self.eager = backend is None
+        self.backend = backend
         self.device = device
+        self.gemm = gemm
+        self.gemms: dict[int, str] = {}  # width -> the GEMM its graph was compiled with ("cpp" or "aten")
         self.compile_stats = CompileStats()
         if self.eager:
             self._decode = slot_model.decode
@@ -52,9 +59,15 @@ class CompiledDecode:
     def __call__(self, tokens, slot_ids, positions, buffers) -> torch.Tensor:
         if self.eager:
             return self._decode(tokens, slot_ids, positions, buffers)
+        width = tokens.shape[0]
+        if width not in self.gemms:
+            self.gemms[width] = decode_gemm(self.gemm, self.device.type, self.backend, width)
+        # inductor reads its config when it compiles a width's graph (the first call at that width); later calls run
+        # the graph dynamo cached for the width whatever the config says.
+        patches = inductor_patches(self.gemms[width])
         with torch._dynamo.config.patch(
             recompile_limit=self._recompile_limit, accumulated_recompile_limit=max(256, 4 * self._recompile_limit)
-        ):
+        ), (_inductor_config(patches) if patches else contextlib.nullcontext()):
             return self._decode(self.slot_model, tokens, slot_ids, positions, buffers)
 
     def timed(self, tokens, slot_ids, positions, buffers) -> tuple[torch.Tensor, bool, float, float]:
@@ -79,12 +92,20 @@ class CompiledDecode:
         """Compile each width now on padding rows only (the scratch slot); the number of graphs compiled."""
         graphs_before = self.compile_stats.graphs
         for index, width in enumerate(widths, 1):
-            log.info(f"compiling decode width {width} ({index}/{len(widths)}) ...")
+            template = decode_gemm(self.gemm, self.device.type, self.backend, width) == "cpp"
+            kernel = ", inductor's C++ GEMM template: max-autotune" if template else ""
+            log.info(f"compiling decode width {width} ({index}/{len(widths)}{kernel}) ...")
             tokens = torch.zeros(width, 1, dtype=torch.int64, device=self.device)
             slot_ids = torch.full((width,), scratch_slot, dtype=torch.int64, device=self.device)
             positions = torch.zeros(width, dtype=torch.int64, device=self.device)
             self.timed(tokens, slot_ids, positions, buffers)
         return self.compile_stats.graphs - graphs_before
+
+
+def _inductor_config(patches: dict):
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(patches)
 
 
 __all__ = ["CompiledDecode"]

@@ -60,13 +60,13 @@ class ModelRunner:
     """A slot model, its pool (max_seqs slots + the scratch slot) and its decode step, eager or compiled."""
 
     def __init__(self, slot_model: SlotModel, max_seqs: int, pool_dtype: torch.dtype, max_len: int, device: torch.device,
-                 backend: str | None, check_eager: bool = False):
+                 backend: str | None, check_eager: bool = False, decode_gemm: str = "auto"):
         self.slot_model = slot_model
         self.device = device
         self.eager = backend is None
         check_pool_fits(slot_model, max_seqs, pool_dtype, max_len, device)
         self.pool = SlotPool(slot_model.pool_buffers(max_seqs + 1, pool_dtype, max_len), max_seqs)
-        self.decoder = CompiledDecode(slot_model, backend, max_seqs, device)
+        self.decoder = CompiledDecode(slot_model, backend, max_seqs, device, decode_gemm)
         self.check_eager = check_eager and not self.eager
 
     def warm_up(self, widths: list[int]) -> int:

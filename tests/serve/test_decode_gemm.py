@@ -1,0 +1,76 @@
+"""The compiled decode's GEMM per width (serve/runner/gemm.py): inductor's C++ template for narrow steps on an
+x86 CPU, the library GEMM elsewhere; a choice that cannot serve is one line before anything loads."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from assay.core.errors import AssayError
+from assay.core.numerics import tolerance
+from assay.serve import Engine, EngineConfig, run_to_completion
+from assay.serve.runner.gemm import CPP_MAX_WIDTH, decode_gemm
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+@pytest.mark.skipif(not X86, reason="the C++ GEMM template's micro-kernels are x86 (AVX2/AVX-512) code")
+@pytest.mark.parametrize("choice, device, backend, width, expected", [
+    ("auto", "cpu", "inductor", 1, "cpp"),
+    ("auto", "cpu", "inductor", CPP_MAX_WIDTH, "cpp"),
+    ("auto", "cpu", "inductor", 2 * CPP_MAX_WIDTH, "aten"),
+    ("auto", "cpu", "aot_eager", 1, "aten"),  # no inductor, no template
+    ("auto", "cuda", "inductor", 1, "aten"),
+    ("auto", "cpu", None, 1, "aten"),  # eager decode
+    ("cpp", "cpu", "inductor", 64, "cpp"),
+    ("aten", "cpu", "inductor", 1, "aten"),
+])
+def test_each_width_gets_the_gemm_the_choice_names(choice, device, backend, width, expected):
+    assert decode_gemm(choice, device, backend, width) == expected
+
+
+def test_the_template_where_it_cannot_run_and_an_unknown_gemm_are_refused_before_loading(zoo_dir, assay_cli):
+    with pytest.raises(AssayError, match="needs the inductor backend"):
+        EngineConfig(backend="aot_eager", decode_gemm="cpp").validate()
+    with pytest.raises(AssayError, match="needs the inductor backend"):
+        EngineConfig(eager=True, decode_gemm="cpp").validate()
+    for flags, said in ((["--decode-gemm", "fast"], "--decode-gemm must be one of auto, cpp, aten, got 'fast'"),
+                        (["--decode-gemm", "cpp", "--backend", "aot_eager"], "--decode-gemm cpp needs the inductor backend")):
+        result = assay_cli("serve", "--model", str(zoo_dir / "llama"), "--port", "0", *flags)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert said in result.stderr and "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.inductor
+@pytest.mark.skipif(not X86, reason="the C++ GEMM template's micro-kernels are x86 (AVX2/AVX-512) code")
+def test_narrow_widths_are_autotuned_over_the_template_and_decode_as_eager_does(zoo_dir):
+    from torch._dynamo.utils import counters
+    import torch._inductor.config as inductor_config
+
+    wide = 2 * CPP_MAX_WIDTH
+    engine = Engine.from_checkpoint(zoo_dir / "llama", EngineConfig(max_seqs=wide, buckets=(1, wide), backend="inductor",
+                                                                    check_eager=True, max_len=64))
+    # Compiled afresh (no inductor cache): max-autotune's choice among the template and aten is what is counted.
+    with inductor_config.patch(force_disable_caches=True):
+        before = counters["inductor"]["select_algorithm_autotune"]
+        engine.runner.warm_up([1])
+        narrow = counters["inductor"]["select_algorithm_autotune"] - before
+        engine.runner.warm_up([wide])
+        widened = counters["inductor"]["select_algorithm_autotune"] - before - narrow
+    assert engine.runner.decoder.gemms == {1: "cpp", wide: "aten"}
+    assert narrow > 0, "width 1 was not compiled with max-autotune over the C++ template"
+    assert widened == 0, "the wide step was autotuned: it should run the library GEMM"
+
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [100, 200, 300]]
+    engine.add_request("alone", prompts[0], max_tokens=5)
+    alone = run_to_completion(engine)["alone"]  # width 1: the template's graph
+    for index, prompt in enumerate(prompts):
+        engine.add_request(f"r{index}", prompt, max_tokens=5)
+    together = run_to_completion(engine)  # width 16: three rows and thirteen padding rows
+    check = engine.stats().as_dict()["eager_check"]
+    assert check["steps"] == engine.stats().as_dict()["decode_steps"] > 0
+    # ("compiled_vs_eager", float32) = 1e-4: the template's blocking reassociates float32 sums, nothing more.
+    assert check["max_rel"] <= tolerance("compiled_vs_eager", torch.float32)
+    assert together["r0"] == alone
