@@ -223,8 +223,9 @@ def test_memory_facts_state_is_constant_and_far_below_a_kv_cache(gla):
 
 @pytest.mark.inductor
 def test_compiled_inductor_logits_match_eager_within_the_float32_tolerance(gla):
-    # The one real inductor test: every compiled decode step is also run eagerly on the same inputs.
-    engine = _engine(gla, max_seqs=2, buckets=(2,), backend="inductor", check_eager=True)
+    # The one real inductor test: every compiled decode step is also run eagerly on the same inputs. The library
+    # GEMM: inductor's fusion of the GLA step is the point here; the C++ template is test_decode_gemm.py's.
+    engine = _engine(gla, max_seqs=2, buckets=(2,), backend="inductor", check_eager=True, decode_gemm="aten")
     engine.warm_up()
     for index in range(3):
         engine.add_request(f"r{index}", PROMPTS[index], max_tokens=6)

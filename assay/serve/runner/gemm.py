@@ -31,8 +31,11 @@ DECODE_GEMMS = ("auto", "cpp", "aten")
 # rate rises; the template's compile and its packed copy are spent where the read rate is the limit.
 CPP_MAX_WIDTH = 8
 # Freezing folds the weights into the graph (and packs them for the micro-kernel); max-autotune over the
-# C++ template with aten's GEMM offered beside it keeps the faster of the two per shape.
-CPP_PATCHES = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# C++ template with aten's GEMM offered beside it keeps the faster of the two per shape. Its tables of
+# choices (written to stderr for every shape by default) stay out of a server's log: the warm-up says which
+# width it compiles, with which GEMM.
+CPP_PATCHES = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+               "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
 def check_decode_gemm(name: str) -> str:
