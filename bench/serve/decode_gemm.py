@@ -2,6 +2,7 @@
 SmolLM2-135M-Instruct, against the floor this run's machine sets: the evidence behind `--decode-gemm auto`.
 
     python bench/serve/decode_gemm.py --model smollm2/ [--widths 1,2,4,8,16,32] [--gemms aten,cpp] [--threads 2]
+        [--dtype float32|bfloat16]
         -> bench/results/decode_gemm.json, bench/results/decode_gemm.png, a table
 
 Each GEMM gets its own compiled decode (its own graphs, a fresh inductor cache folder, so every compile is
@@ -37,7 +38,7 @@ from bench.common import RESULTS, best_of, machine, read_rate
 POSITION = 100  # each row's token position: a 128-token prompt's decode, well inside max_len
 
 
-def _plot(rows: list[dict], path: Path) -> None:
+def _plot(rows: list[dict], path: Path, dtype: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,7 +53,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     axis.set_xscale("log", base=2)
     axis.set_xlabel("decode width (rows)")
     axis.set_ylabel("ms per compiled decode step")
-    axis.set_title("SmolLM2-135M compiled decode step, float32")
+    axis.set_title(f"SmolLM2-135M compiled decode step, {dtype} weights")
     axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--max-len", type=int, default=256, help="positions per slot (the compiled step reads all of them)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dtype", default="float32", help="the weights' dtype (the KV cache and the logits stay float32)")
     parser.add_argument("--out", type=Path, default=RESULTS / "decode_gemm.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -77,7 +79,7 @@ def main() -> None:
     from assay.serve.runner.compiled_decode import CompiledDecode
     from assay.serve.runner.weights import load_slot_model
 
-    slot_model = load_slot_model(args.model, torch.device("cpu"), args.max_len)
+    slot_model = load_slot_model(args.model, torch.device("cpu"), args.max_len, args.dtype)
     buffers = slot_model.pool_buffers(max(widths), torch.float32, args.max_len)
     # Every 2-D weight a step multiplies by (the output head included: tied to the embedding, it is one tensor, read
     # once by the head; the embedding lookup reads W rows of it).
@@ -115,12 +117,12 @@ def main() -> None:
                      "chosen_by_auto": decoders[gemm].gemms[width] == _auto(width)})
     rows.sort(key=lambda row: (row["width"], row["gemm"]))
     cpu = {"capability": torch.backends.cpu.get_cpu_capability(), "amx": torch.cpu._is_amx_tile_supported()}
-    atomic_write_json(args.out, {"threads": args.threads, "machine": machine(), "cpu_kernels": cpu, "read_bytes_per_s": read,
+    atomic_write_json(args.out, {"threads": args.threads, "dtype": args.dtype, "machine": machine(), "cpu_kernels": cpu, "read_bytes_per_s": read,
                                  "weight_bytes": weight_bytes, "max_len": args.max_len, "position": POSITION, "torch": torch.__version__,
                                  "model": str(args.model), "rows": rows})
-    _plot(rows, args.out.with_suffix(".png"))
+    _plot(rows, args.out.with_suffix(".png"), args.dtype)
     print_table(rows, ["width", "gemm", "ms", "floor_ms", "of_floor", "tokens_per_s", "compile_s", "max_rel_err"],
-                title=f"compiled decode step, SmolLM2-135M float32, {args.threads} threads (read {read / 1e9:.1f} GB/s)")
+                title=f"compiled decode step, SmolLM2-135M {args.dtype}, {args.threads} threads (read {read / 1e9:.1f} GB/s)")
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 

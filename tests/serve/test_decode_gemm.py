@@ -17,18 +17,21 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
 @pytest.mark.skipif(not X86, reason="the C++ GEMM template's micro-kernels are x86 (AVX2/AVX-512) code")
-@pytest.mark.parametrize("choice, device, backend, width, expected", [
-    ("auto", "cpu", "inductor", 1, "cpp"),
-    ("auto", "cpu", "inductor", CPP_MAX_WIDTH, "cpp"),
-    ("auto", "cpu", "inductor", 2 * CPP_MAX_WIDTH, "aten"),
-    ("auto", "cpu", "aot_eager", 1, "aten"),  # no inductor, no template
-    ("auto", "cuda", "inductor", 1, "aten"),
-    ("auto", "cpu", None, 1, "aten"),  # eager decode
-    ("cpp", "cpu", "inductor", 64, "cpp"),
-    ("aten", "cpu", "inductor", 1, "aten"),
+@pytest.mark.parametrize("choice, device, backend, width, dtype, expected", [
+    ("auto", "cpu", "inductor", 1, "float32", "cpp"),
+    ("auto", "cpu", "inductor", 8, "float32", "cpp"),
+    ("auto", "cpu", "inductor", 16, "float32", "aten"),  # measured: the template 1.13x the library's step
+    ("auto", "cpu", "inductor", 16, "bfloat16", "cpp"),  # measured: 0.87x
+    ("auto", "cpu", "inductor", 32, "bfloat16", "aten"),  # 0.98x: not worth its compile and packed copy
+    ("auto", "cpu", "aot_eager", 1, "float32", "aten"),  # no inductor, no template
+    ("auto", "cuda", "inductor", 1, "float32", "aten"),
+    ("auto", "cpu", None, 1, "float32", "aten"),  # eager decode
+    ("cpp", "cpu", "inductor", 64, "float32", "cpp"),
+    ("aten", "cpu", "inductor", 1, "bfloat16", "aten"),
 ])
-def test_each_width_gets_the_gemm_the_choice_names(choice, device, backend, width, expected):
-    assert decode_gemm(choice, device, backend, width) == expected
+def test_each_width_gets_the_gemm_the_choice_names(choice, device, backend, width, dtype, expected):
+    assert decode_gemm(choice, device, backend, width, dtype) == expected
+    assert CPP_MAX_WIDTH == {"float32": 8, "bfloat16": 16}
 
 
 def test_the_template_where_it_cannot_run_and_an_unknown_gemm_are_refused_before_loading(zoo_dir, assay_cli):
@@ -49,7 +52,7 @@ def test_narrow_widths_are_autotuned_over_the_template_and_decode_as_eager_does(
     from torch._dynamo.utils import counters
     import torch._inductor.config as inductor_config
 
-    wide = 2 * CPP_MAX_WIDTH
+    wide = 2 * CPP_MAX_WIDTH["float32"]
     engine = Engine.from_checkpoint(zoo_dir / "llama", EngineConfig(max_seqs=wide, buckets=(1, wide), backend="inductor",
                                                                     check_eager=True, max_len=64))
     # Compiled afresh (no inductor cache): max-autotune's choice among the template and aten is what is counted.

@@ -35,7 +35,7 @@ class EngineConfig:
     # serve/runner/gemm.py: inductor's C++ GEMM template reads a narrow step's weights at the memory's rate on an x86
     # CPU, the library GEMM at 30-45% of it; it costs max-autotune compiles at warm-up and a packed copy of the weights.
     decode_gemm: str = setting("auto", "--decode-gemm", f"the compiled decode's GEMM: {', '.join(DECODE_GEMMS)} (auto: inductor's C++ "
-                                                        "template for widths up to 8 on an x86 CPU, the library GEMM elsewhere)")
+                                                        "template for widths up to 8 in float32 and 16 in bfloat16 on an x86 CPU, the library GEMM elsewhere)")
     state_dtype: str = setting("float32", "--state-dtype", "dtype of each slot's state: float32 or bfloat16")
     dtype: str = setting("float32", "--dtype", "dtype of the weights: float32 or bfloat16 (logits stay float32)")
     max_waiting: int = setting(256, "--max-waiting", "requests queued for a slot before new ones get 429")

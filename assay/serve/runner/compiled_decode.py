@@ -18,7 +18,7 @@ import torch
 from assay.core.compiling import CompileStats, compile_fn, watch
 from assay.core.device import synchronize
 from assay.serve.runner.gemm import decode_gemm, inductor_patches
-from assay.serve.runner.weights import SlotModel
+from assay.serve.runner.weights import SlotModel, weights_dtype
 
 log = logging.getLogger("assay.serve")
 
@@ -45,6 +45,7 @@ class CompiledDecode:
         self.backend = backend
         self.device = device
         self.gemm = gemm
+        self.weights_dtype = weights_dtype(slot_model)  # "float32" or "bfloat16": auto's widest template width depends on it
         self.gemms: dict[int, str] = {}  # width -> the GEMM its graph was compiled with ("cpp" or "aten")
         self.compile_stats = CompileStats()
         if self.eager:
@@ -61,7 +62,7 @@ class CompiledDecode:
             return self._decode(tokens, slot_ids, positions, buffers)
         width = tokens.shape[0]
         if width not in self.gemms:
-            self.gemms[width] = decode_gemm(self.gemm, self.device.type, self.backend, width)
+            self.gemms[width] = decode_gemm(self.gemm, self.device.type, self.backend, width, self.weights_dtype)
         # inductor reads its config when it compiles a width's graph (the first call at that width); later calls run
         # the graph dynamo cached for the width whatever the config says.
         patches = inductor_patches(self.gemms[width])
@@ -92,7 +93,7 @@ class CompiledDecode:
         """Compile each width now on padding rows only (the scratch slot); the number of graphs compiled."""
         graphs_before = self.compile_stats.graphs
         for index, width in enumerate(widths, 1):
-            template = decode_gemm(self.gemm, self.device.type, self.backend, width) == "cpp"
+            template = decode_gemm(self.gemm, self.device.type, self.backend, width, self.weights_dtype) == "cpp"
             kernel = ", inductor's C++ GEMM template: max-autotune" if template else ""
             log.info(f"compiling decode width {width} ({index}/{len(widths)}{kernel}) ...")
             tokens = torch.zeros(width, 1, dtype=torch.int64, device=self.device)

@@ -1,23 +1,24 @@
-"""Which GEMM runs a compiled decode step's linears, per device, compiler and width: inductor's config for
-the graph of each width.
+"""Which GEMM runs a compiled decode step's linears, per device, compiler, weight dtype and width: inductor's
+config for the graph of each width.
 
 A decode step multiplies W = 1-64 rows by every weight of the model once: the weights' bytes, not the
-FLOPs, set its floor. On an x86 CPU the library GEMMs inductor calls by default (MKL's sgemm, oneDNN for
-bfloat16) stream those bytes at 30-45% of the memory's read rate at such W, while inductor's C++ GEMM
-template (freezing, then max-autotune over the CPP backend) generates a micro-kernel for the shape and the
-CPU and reads the weights at the read rate (bench/core/small_m_matmul.py; docs/serve.md, "Which GEMM
-serves a decode step"). Measured on SmolLM2-135M-Instruct (float32, 2 threads, AVX-512), one compiled
-decode step: width 1 30 ms (library GEMM 53 ms; floor 20 ms), width 8 45 ms (92 ms).
+FLOPs, set its floor. On an x86 CPU the library GEMMs inductor calls by default (MKL's sgemm for float32,
+oneDNN for bfloat16) stream those bytes at 9-34% of the memory's read rate at such W, while inductor's C++
+GEMM template (freezing, then max-autotune over the CPP backend) generates a micro-kernel for the shape and
+the CPU. bench/serve/decode_gemm.py, one compiled decode step of SmolLM2-135M-Instruct, 2 threads, AVX-512
+(docs/serve.md, "Which GEMM serves a compiled decode step"), template / library step time:
+  float32   0.45 0.26 0.33 0.55 1.13 1.05   at widths 1 2 4 8 16 32
+  bfloat16  0.51 0.54 0.64 0.85 0.87 0.98
 
-  auto  the C++ template for widths up to CPP_MAX_WIDTH on an x86 CPU under inductor; the library GEMM
-        elsewhere (wider steps, other devices, other compilers)
+  auto  the C++ template for widths up to CPP_MAX_WIDTH[weight dtype] on an x86 CPU under inductor; the
+        library GEMM elsewhere (wider steps, other devices, other compilers)
   cpp   the C++ template at every width (x86 CPU and inductor only)
   aten  the library GEMM at every width (inductor's default)
 
-What the template costs: each width's graph is compiled with max-autotune (about two minutes per width for
-SmolLM2 on 2 cores, at warm-up, before the first request; a warm inductor cache makes it seconds), and
-freezing gives each width's graph its own packed copy of the weights (SmolLM2, 538 MB of float32 weights:
-RSS +0.84 GB after width 1, +1.39 GB more after width 2; the library GEMM's graphs +0.16 GB, then +0.02 GB).
+What the template costs: each width's graph is compiled with max-autotune (100-130 s per width for SmolLM2
+on 2 cores, at warm-up, before the first request), and freezing gives each width's graph its own packed
+copy of the weights (SmolLM2, 538 MB of float32 weights: RSS +0.84 GB after width 1, +1.39 GB more after
+width 2; the library GEMM's graphs +0.16 GB, then +0.02 GB).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import platform
 from assay.core.errors import AssayError
 
 DECODE_GEMMS = ("auto", "cpp", "aten")
-# Past this width the step's weights are read once for more rows and the library GEMM's share of the read
-# rate rises; the template's compile and its packed copy are spent where the read rate is the limit.
-CPP_MAX_WIDTH = 8
+# The widest step `auto` gives the template, per weight dtype: past it the template is slower (float32: 1.13x
+# the library GEMM's step at 16) or too little faster to pay its compile and packed copy (bfloat16: 0.98x at 32).
+CPP_MAX_WIDTH = {"float32": 8, "bfloat16": 16}
 # Freezing folds the weights into the graph (and packs them for the micro-kernel); max-autotune over the
 # C++ template with aten's GEMM offered beside it keeps the faster of the two per shape. Its tables of
 # choices (written to stderr for every shape by default) stay out of a server's log: the warm-up says which
@@ -49,9 +50,9 @@ def cpp_template_available(device_type: str, backend: str | None) -> bool:
     return backend == "inductor" and device_type == "cpu" and platform.machine().lower() in ("x86_64", "amd64")
 
 
-def decode_gemm(choice: str, device_type: str, backend: str | None, width: int) -> str:
-    """'cpp' or 'aten': the GEMM of the compiled decode graph of `width` rows. AssayError when `choice` is cpp
-    and the template cannot serve this device or compiler."""
+def decode_gemm(choice: str, device_type: str, backend: str | None, width: int, dtype: str = "float32") -> str:
+    """'cpp' or 'aten': the GEMM of the compiled decode graph of `width` rows with weights in `dtype`. AssayError
+    when `choice` is cpp and the template cannot serve this device or compiler."""
     check_decode_gemm(choice)
     available = cpp_template_available(device_type, backend)
     if choice == "cpp" and not available:
@@ -59,7 +60,7 @@ def decode_gemm(choice: str, device_type: str, backend: str | None, width: int) 
                          f"{device_type}, {platform.machine()})")
     if choice == "aten" or not available:
         return "aten"
-    return "cpp" if choice == "cpp" or width <= CPP_MAX_WIDTH else "aten"
+    return "cpp" if choice == "cpp" or width <= CPP_MAX_WIDTH.get(dtype, 0) else "aten"
 
 
 def inductor_patches(gemm: str) -> dict:
