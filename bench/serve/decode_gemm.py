@@ -114,7 +114,7 @@ def main() -> None:
         ms = statistics.median(seconds) * 1e3
         rows.append({"gemm": gemm, "width": width, "ms": ms, "floor_ms": floor * 1e3, "of_floor": floor * 1e3 / ms,
                      "tokens_per_s": width / ms * 1e3, "compile_s": compile_s[gemm, width], "max_rel_err": errors[gemm, width],
-                     "chosen_by_auto": decoders[gemm].gemms[width] == _auto(width)})
+                     "chosen_by_auto": decoders[gemm].gemms[width] == _auto(width, args.dtype)})
     rows.sort(key=lambda row: (row["width"], row["gemm"]))
     cpu = {"capability": torch.backends.cpu.get_cpu_capability(), "amx": torch.cpu._is_amx_tile_supported()}
     atomic_write_json(args.out, {"threads": args.threads, "dtype": args.dtype, "machine": machine(), "cpu_kernels": cpu, "read_bytes_per_s": read,
@@ -126,10 +126,10 @@ def main() -> None:
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 
-def _auto(width: int) -> str:
+def _auto(width: int, dtype: str) -> str:
     from assay.serve.runner.gemm import decode_gemm
 
-    return decode_gemm("auto", "cpu", "inductor", width)
+    return decode_gemm("auto", "cpu", "inductor", width, dtype)
 
 
 if __name__ == "__main__":

@@ -60,16 +60,19 @@ class CompiledDecode:
     def __call__(self, tokens, slot_ids, positions, buffers) -> torch.Tensor:
         if self.eager:
             return self._decode(tokens, slot_ids, positions, buffers)
-        width = tokens.shape[0]
-        if width not in self.gemms:
-            self.gemms[width] = decode_gemm(self.gemm, self.device.type, self.backend, width, self.weights_dtype)
         # inductor reads its config when it compiles a width's graph (the first call at that width); later calls run
         # the graph dynamo cached for the width whatever the config says.
-        patches = inductor_patches(self.gemms[width])
+        patches = inductor_patches(self.gemm_for(tokens.shape[0]))
         with torch._dynamo.config.patch(
             recompile_limit=self._recompile_limit, accumulated_recompile_limit=max(256, 4 * self._recompile_limit)
         ), (_inductor_config(patches) if patches else contextlib.nullcontext()):
             return self._decode(self.slot_model, tokens, slot_ids, positions, buffers)
+
+    def gemm_for(self, width: int) -> str:
+        """The GEMM of this width's graph ("cpp" or "aten"), resolved once per width."""
+        if width not in self.gemms:
+            self.gemms[width] = decode_gemm(self.gemm, self.device.type, self.backend, width, self.weights_dtype)
+        return self.gemms[width]
 
     def timed(self, tokens, slot_ids, positions, buffers) -> tuple[torch.Tensor, bool, float, float]:
         """(logits, compiled?, compile_s, step_s) of one decode call."""
@@ -93,7 +96,7 @@ class CompiledDecode:
         """Compile each width now on padding rows only (the scratch slot); the number of graphs compiled."""
         graphs_before = self.compile_stats.graphs
         for index, width in enumerate(widths, 1):
-            template = decode_gemm(self.gemm, self.device.type, self.backend, width, self.weights_dtype) == "cpp"
+            template = self.gemm_for(width) == "cpp"
             kernel = ", inductor's C++ GEMM template: max-autotune" if template else ""
             log.info(f"compiling decode width {width} ({index}/{len(widths)}{kernel}) ...")
             tokens = torch.zeros(width, 1, dtype=torch.int64, device=self.device)
