@@ -180,7 +180,8 @@ def test_probe_and_sweep_reject_before_creating_out(inputs, tmp_path, args, frag
                                   ["recall", "train", "--out", "{tmp}/r", "--arch", "rwkv", "--steps", "1"],
                                   ["recall", "train", "--out", "{tmp}/r", "--keys", "0", "--steps", "1"],
                                   ["serve", "--model", "{qwen3}", "--max-seqs", "0"],
-                                  ["serve", "--model", "{qwen3}", "--dtype", "int4"]], ids=" ".join)
+                                  ["serve", "--model", "{qwen3}", "--dtype", "int4"],
+                                  ["serve", "--model", "{qwen3}", "--quantize", "int4"]], ids=" ".join)
 def test_bad_paths_names_and_numbers_are_refused_before_importing_torch(inputs, tmp_path, args, assay_process):
     # A wrong path or name is answered at once, not after the 2-4 s of importing torch and dynamo:
     # PYTHONPROFILEIMPORTTIME (python -X importtime) lists every module the process imported on stderr.

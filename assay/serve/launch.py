@@ -58,8 +58,8 @@ def serve(request: ServeRequest, announce=print) -> None:
     check_request(request)
     config = engine_config(request)  # bad flags fail here, before torch is imported and the model loads
     state = inspect_checkpoint(request.model, weights=False, tokenizer=False)
-    log.info(f"loading {state.folder} ({state.config.get('model_type', 'unknown model type')}): {config.dtype} weights on "
-             f"{config.device}, {decode_mode(config)}")
+    log.info(f"loading {state.folder} ({state.config.get('model_type', 'unknown model type')}): {config.dtype} weights"
+             f"{f' (linears quantized to {config.quantize})' if config.quantize else ''} on {config.device}, {decode_mode(config)}")
     quiet_libraries()
     create_app = _import_app()
     from assay.models.hf_checkpoint import checkpoint_dir

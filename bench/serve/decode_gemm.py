@@ -2,7 +2,7 @@
 SmolLM2-135M-Instruct, against the floor this run's machine sets: the evidence behind `--decode-gemm auto`.
 
     python bench/serve/decode_gemm.py --model smollm2/ [--widths 1,2,4,8,16,32] [--gemms aten,cpp] [--threads 2]
-        [--dtype float32|bfloat16]
+        [--dtype float32|bfloat16] [--quantize int8] [--out FILE]
         -> bench/results/decode_gemm.json, bench/results/decode_gemm.png, a table
 
 Each GEMM gets its own compiled decode (its own graphs, a fresh inductor cache folder, so every compile is
@@ -10,6 +10,9 @@ timed cold), compiled at every width first; then the steps are timed in rounds t
 width) once each, so a change in the machine's load hits all alike (median of the rounds' best-of-3).
 Every step is also run by the eager model on the same inputs: the largest relative difference of the
 logits is in the JSON (float32: reassociation only).
+
+--quantize int8 runs the model with its linears in int8 (serve/runner/quantize.py), as `assay serve --quantize
+int8` does; its eager check is against the eager int8 model.
 
 The floor of a step: the weights' bytes (every matmul weight and the output head, read once) plus the
 KV cache the compiled step reads (W rows x max_len positions, keys and values, every layer), at the
@@ -68,6 +71,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=256, help="positions per slot (the compiled step reads all of them)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dtype", default="float32", help="the weights' dtype (the KV cache and the logits stay float32)")
+    parser.add_argument("--quantize", default=None, help="int8: the linears' weights in int8 (as assay serve --quantize int8)")
     parser.add_argument("--out", type=Path, default=RESULTS / "decode_gemm.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -77,13 +81,14 @@ def main() -> None:
 
     from assay.models.slots import kv_bytes
     from assay.serve.runner.compiled_decode import CompiledDecode
+    from assay.serve.runner.quantize import matmul_weight_bytes, quantize_slot_model
     from assay.serve.runner.weights import load_slot_model
 
     slot_model = load_slot_model(args.model, torch.device("cpu"), args.max_len, args.dtype)
+    if args.quantize:
+        quantize_slot_model(slot_model, args.quantize, torch.device("cpu"))
     buffers = slot_model.pool_buffers(max(widths), torch.float32, args.max_len)
-    # Every 2-D weight a step multiplies by (the output head included: tied to the embedding, it is one tensor, read
-    # once by the head; the embedding lookup reads W rows of it).
-    weight_bytes = sum(t.numel() * t.element_size() for name, t in slot_model.model.named_parameters() if t.dim() == 2)
+    weight_bytes = matmul_weight_bytes(slot_model.model)
     read = read_rate()  # again after the compiles: the faster of the two (a compile beside it slows the first)
     print(f"read rate {read / 1e9:.1f} GB/s; matmul weights + head {weight_bytes / 1e6:.0f} MB", flush=True)
 
@@ -114,15 +119,16 @@ def main() -> None:
         ms = statistics.median(seconds) * 1e3
         rows.append({"gemm": gemm, "width": width, "ms": ms, "floor_ms": floor * 1e3, "of_floor": floor * 1e3 / ms,
                      "tokens_per_s": width / ms * 1e3, "compile_s": compile_s[gemm, width], "max_rel_err": errors[gemm, width],
-                     "chosen_by_auto": decoders[gemm].gemms[width] == _auto(width, args.dtype)})
+                     "chosen_by_auto": decoders[gemm].gemms[width] == _auto(width, decoders[gemm].weights_dtype)})
     rows.sort(key=lambda row: (row["width"], row["gemm"]))
     cpu = {"capability": torch.backends.cpu.get_cpu_capability(), "amx": torch.cpu._is_amx_tile_supported()}
-    atomic_write_json(args.out, {"threads": args.threads, "dtype": args.dtype, "machine": machine(), "cpu_kernels": cpu, "read_bytes_per_s": read,
+    atomic_write_json(args.out, {"threads": args.threads, "dtype": args.dtype, "quantize": args.quantize, "machine": machine(), "cpu_kernels": cpu, "read_bytes_per_s": read,
                                  "weight_bytes": weight_bytes, "max_len": args.max_len, "position": POSITION, "torch": torch.__version__,
                                  "model": str(args.model), "rows": rows})
-    _plot(rows, args.out.with_suffix(".png"), args.dtype)
+    weights = f"{args.dtype}, linears in {args.quantize}" if args.quantize else args.dtype
+    _plot(rows, args.out.with_suffix(".png"), weights)
     print_table(rows, ["width", "gemm", "ms", "floor_ms", "of_floor", "tokens_per_s", "compile_s", "max_rel_err"],
-                title=f"compiled decode step, SmolLM2-135M {args.dtype}, {args.threads} threads (read {read / 1e9:.1f} GB/s)")
+                title=f"compiled decode step, SmolLM2-135M {weights}, {args.threads} threads (read {read / 1e9:.1f} GB/s)")
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 

@@ -1,6 +1,6 @@
 """lm-evaluation-harness against `assay serve` next to lm-eval on Transformers, on the same checkpoint.
 
-    python bench/serve/lm_eval_scores.py [--model DIR]        -> bench/results/serve_lm_eval.json
+    python bench/serve/lm_eval_scores.py [--model DIR] [--quantize int8]     -> bench/results/serve_lm_eval.json
 
 Two local tasks (bench/serve/lm_eval_tasks/: 40 four-way multiple-choice questions, scored by log-likelihood;
 20 sentences to complete with one word, generate_until ".", "," or a newline, exact match ignoring case
@@ -12,6 +12,9 @@ and punctuation), written as lm-eval YAML into a temporary folder and run twice,
 against `assay serve --model DIR --eager` (a real process on loopback). It records each task's accuracy
 both ways, the items where they differ, the largest relative difference of a choice's log-likelihood, and
 the wall time of each run. Default model: the real SmolLM2-135M-Instruct (`assay zoo real`).
+
+--quantize int8 serves the model a second time with `--quantize int8` and scores it the same way: its
+accuracy beside float32's (served and Transformers'), in the JSON's "quantized" entry.
 """
 
 from __future__ import annotations
@@ -91,6 +94,22 @@ def run_lm_eval(model: str, model_args: str, tasks: str, include: Path, out: Pat
     return {"command": " ".join(command[2:]), "wall_s": round(wall_s, 1), "results": results, "samples": samples}
 
 
+def run_served(model: Path, tasks: str, include: Path, out: Path, *serve_flags: str) -> dict:
+    """lm_eval's local-completions client against `assay serve --eager` (a real process on loopback)."""
+    server = subprocess.Popen([sys.executable, "-m", "assay", "serve", "--model", str(model), "--port", "0", "--eager",
+                               "--max-seqs", "4", "--max-len", "2048", *serve_flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        if "http://" not in line:
+            raise SystemExit(f"assay serve did not start: {line} {server.stderr.read()}")
+        url = line.rsplit(" ", 1)[-1].strip()
+        return run_lm_eval("local-completions", f"model={model.name},base_url={url}/v1/completions,tokenizer={model},"
+                           "tokenized_requests=True", tasks, include, out)
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
 def compare(served: dict, reference: dict) -> dict:
     rows = {}
     for task, metric in (("assay_qa_choice", "acc,none"), ("assay_qa_answer", "exact_match,none")):
@@ -115,6 +134,7 @@ def compare(served: dict, reference: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint folder (default: the real SmolLM2-135M-Instruct)")
+    parser.add_argument("--quantize", default=None, help="also serve the model with --quantize QUANTIZE and score it")
     parser.add_argument("--out", default=str(RESULTS / "serve_lm_eval.json"))
     args = parser.parse_args()
     if args.model is None:
@@ -125,24 +145,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="assay-lm-eval-") as tmp:
         tmp_path = Path(tmp)
         tasks = write_tasks(tmp_path)
-        server = subprocess.Popen([sys.executable, "-m", "assay", "serve", "--model", str(model), "--port", "0", "--eager",
-                                   "--max-seqs", "4", "--max-len", "2048"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            line = server.stdout.readline()
-            if "http://" not in line:
-                raise SystemExit(f"assay serve did not start: {line} {server.stderr.read()}")
-            url = line.rsplit(" ", 1)[-1].strip()
-            served = run_lm_eval("local-completions", f"model={model.name},base_url={url}/v1/completions,tokenizer={model},"
-                                 "tokenized_requests=True", tasks, tmp_path, tmp_path / "served")
-        finally:
-            server.terminate()
-            server.wait(60)
+        served = run_served(model, tasks, tmp_path, tmp_path / "served")
+        quantized = run_served(model, tasks, tmp_path, tmp_path / "quantized", "--quantize", args.quantize) if args.quantize else None
         reference = run_lm_eval("hf", f"pretrained={model},dtype=float32", tasks, tmp_path, tmp_path / "hf")
     payload = {
         "model": model.name, "device": "cpu", "dtype": "float32", "tasks": compare(served, reference),
         "served": {"command": served["command"], "wall_s": served["wall_s"]},
         "transformers": {"command": reference["command"], "wall_s": reference["wall_s"]},
     }
+    if quantized is not None:  # "served" in these rows is the quantized server; against both float32 runs
+        payload["quantized"] = {"quantize": args.quantize, "command": quantized["command"], "wall_s": quantized["wall_s"],
+                                "tasks": compare(quantized, reference), "against_float32_served": compare(quantized, served)}
     atomic_write_json(Path(args.out), payload)
     print(json.dumps(payload, indent=2))
 

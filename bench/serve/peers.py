@@ -1,7 +1,7 @@
 """assay serve beside the CPU servers people run (llama.cpp's llama-server, vLLM's CPU build, any server with an
 OpenAI-compatible /v1/completions), one server at a time, each driven by the same client with the same payloads.
 
-    python bench/serve/peers.py --model smollm2/ [--assay-modes eager,compiled]
+    python bench/serve/peers.py --model smollm2/ [--assay-modes eager,compiled] [--assay-args '--quantize int8']
         [--peer 'llama.cpp=llama-server -m smollm2-f32.gguf --port {port} -t {threads} -np 32 -c 8192']
         [--peer 'vllm=/opt/vllm/bin/vllm serve smollm2/ --port {port} --dtype float32 --max-num-seqs 32']
         -> bench/results/serve_peers.json, bench/results/serve_peers.png, a table of assay / peer per width
@@ -181,6 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="the checkpoint folder assay serves (and whose tokenizer makes the prompts)")
     parser.add_argument("--assay-modes", default="eager", help=f"assay serve modes, comma-separated: {', '.join(ASSAY_MODES)}")
+    parser.add_argument("--assay-args", default="", help="more flags for every assay server (e.g. '--quantize int8'), in its name too")
     parser.add_argument("--max-seqs", type=int, default=32, help="assay's slots (give each peer as many: -np, --max-num-seqs)")
     parser.add_argument("--max-len", type=int, default=256, help="assay's positions per slot (llama-server's -c over -np: 8192 / 32); "
                                                                  "a compiled decode attends over all of them")
@@ -214,8 +215,10 @@ def main() -> None:
         parser.error(f"--prompt-tokens + --max-tokens ({args.prompt_tokens + args.max_tokens}) exceed --max-len {args.max_len}")
 
     work = corpus_prompts(args.model, max(requests), args.prompt_tokens)
-    servers = [(f"assay {mode}", f"{shlex.quote(sys.executable)} -m assay serve --model {shlex.quote(str(args.model))} --port {{port}} "
-                f"--max-seqs {args.max_seqs} --max-len {args.max_len} {' '.join(ASSAY_MODES[mode])}") for mode in modes] + peers
+    extra = " ".join(shlex.quote(flag) for flag in shlex.split(args.assay_args))
+    servers = [(f"assay {mode}{' ' + extra if extra else ''}", f"{shlex.quote(sys.executable)} -m assay serve --model "
+                f"{shlex.quote(str(args.model))} --port {{port}} --max-seqs {args.max_seqs} --max-len {args.max_len} "
+                f"{' '.join(ASSAY_MODES[mode])} {extra}".rstrip()) for mode in modes] + peers
     log_dir = Path(tempfile.mkdtemp(prefix="assay-peers-"))  # each server's output, named in the record
     record = {"benchmark": "serve_peers", "model": str(args.model), "model_name": args.model.resolve().name, "machine": machine(),
               "threads": args.threads, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,

@@ -23,6 +23,8 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
     ("auto", "cpu", "inductor", 16, "float32", "aten"),  # measured: the template 1.13x the library's step
     ("auto", "cpu", "inductor", 16, "bfloat16", "cpp"),  # measured: 0.87x
     ("auto", "cpu", "inductor", 32, "bfloat16", "aten"),  # 0.98x: not worth its compile and packed copy
+    ("auto", "cpu", "inductor", 4, "int8", "cpp"),  # --quantize int8, measured: 0.65x
+    ("auto", "cpu", "inductor", 8, "int8", "aten"),  # 0.98x
     ("auto", "cpu", "aot_eager", 1, "float32", "aten"),  # no inductor, no template
     ("auto", "cuda", "inductor", 1, "float32", "aten"),
     ("auto", "cpu", None, 1, "float32", "aten"),  # eager decode
@@ -31,7 +33,7 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 ])
 def test_each_width_gets_the_gemm_the_choice_names(choice, device, backend, width, dtype, expected):
     assert decode_gemm(choice, device, backend, width, dtype) == expected
-    assert CPP_MAX_WIDTH == {"float32": 8, "bfloat16": 16}
+    assert CPP_MAX_WIDTH == {"float32": 8, "bfloat16": 16, "int8": 4}
 
 
 def test_the_template_where_it_cannot_run_and_an_unknown_gemm_are_refused_before_loading(zoo_dir, assay_cli):

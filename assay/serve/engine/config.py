@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from assay.core.errors import AssayError
 from assay.serve.engine.scheduler import AUTO_BUCKETS, POLICIES, check_buckets, resolve_buckets
-from assay.serve.runner.dtypes import check_state_dtype, check_weight_dtype
+from assay.serve.runner.dtypes import QUANTIZATIONS, check_quantize, check_state_dtype, check_weight_dtype
 from assay.serve.runner.gemm import DECODE_GEMMS, decode_gemm
 
 if TYPE_CHECKING:
@@ -35,9 +35,12 @@ class EngineConfig:
     # serve/runner/gemm.py: inductor's C++ GEMM template reads a narrow step's weights at the memory's rate on an x86
     # CPU, the library GEMM at 30-45% of it; it costs max-autotune compiles at warm-up and a packed copy of the weights.
     decode_gemm: str = setting("auto", "--decode-gemm", f"the compiled decode's GEMM: {', '.join(DECODE_GEMMS)} (auto: inductor's C++ "
-                                                        "template for widths up to 8 in float32 and 16 in bfloat16 on an x86 CPU, the library GEMM elsewhere)")
+                                                        "template for widths up to 8 in float32, 16 in bfloat16, 4 with --quantize int8 on an x86 CPU, the library GEMM elsewhere)")
     state_dtype: str = setting("float32", "--state-dtype", "dtype of each slot's state: float32 or bfloat16")
     dtype: str = setting("float32", "--dtype", "dtype of the weights: float32 or bfloat16 (logits stay float32)")
+    # serve/runner/quantize.py: int8 weights with one scale per output row, bfloat16 activations at each matmul.
+    quantize: str | None = setting(None, "--quantize", f"weight-only quantization of the linear layers: {', '.join(QUANTIZATIONS)} "
+                                                       "(int8 weights, one scale per output row; a quarter of float32's bytes per step)", type=str)
     max_waiting: int = setting(256, "--max-waiting", "requests queued for a slot before new ones get 429")
     max_prompt_tokens: int = setting(8192, "--max-prompt-tokens", "longest prompt accepted")
     max_new_tokens: int = setting(4096, "--max-new-tokens", "largest max_tokens accepted")
@@ -88,6 +91,7 @@ class EngineConfig:
             raise AssayError(f"--max-len must be at least 2, got {self.max_len}")
         check_state_dtype(self.state_dtype)
         check_weight_dtype(self.dtype)
+        check_quantize(self.quantize)
         check_buckets(self.buckets, self.max_seqs)
         decode_gemm(self.decode_gemm, self.device.split(":")[0], None if self.eager else self.backend, 1)
         if self.scheduling not in POLICIES:

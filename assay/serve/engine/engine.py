@@ -55,7 +55,7 @@ class Engine:
         self._tokenizer = None
         dtype = state_dtype(config.state_dtype)
         max_len = config.slot_len()
-        self.runner = ModelRunner(slot_model, config.max_seqs, dtype, max_len, self.device, self.backend, config.check_eager, config.decode_gemm)
+        self.runner = ModelRunner(slot_model, config.max_seqs, dtype, max_len, self.device, self.backend, config.check_eager, config.decode_gemm, config.quantize)
         self.pool = self.runner.pool
         self._max_len = max_len if slot_model.uses_max_len() else None
 

@@ -8,6 +8,7 @@ from assay.core.errors import AssayError
 
 STATE_DTYPES = ("float32", "bfloat16")  # what a slot pool stores (aliases bf16, fp32 accepted)
 WEIGHT_DTYPES = ("float32", "bfloat16")  # what the served model's weights are held in (--dtype)
+QUANTIZATIONS = ("int8",)  # what the linear layers' weights may be quantized to (--quantize; serve/runner/quantize.py)
 
 
 def check_state_dtype(name: str) -> str:
@@ -24,3 +25,9 @@ def check_weight_dtype(name: str) -> str:
     if canonical is None:
         raise AssayError(f"--dtype {name!r}: expected float32 or bfloat16")
     return canonical
+
+
+def check_quantize(name: str | None) -> None:
+    """None (no quantization) or one of QUANTIZATIONS, else AssayError."""
+    if name is not None and name not in QUANTIZATIONS:
+        raise AssayError(f"--quantize {name!r}: expected one of {', '.join(QUANTIZATIONS)}")

@@ -9,8 +9,9 @@ the CPU. bench/serve/decode_gemm.py, one compiled decode step of SmolLM2-135M-In
 (docs/serve.md, "Which GEMM serves a compiled decode step"), template / library step time:
   float32   0.45 0.26 0.33 0.55 1.13 1.05   at widths 1 2 4 8 16 32
   bfloat16  0.51 0.54 0.64 0.85 0.87 0.98
+  int8      0.62 0.59 0.65 0.98 0.98 1.00   (--quantize int8: the template's weight-only int8 micro-kernel)
 
-  auto  the C++ template for widths up to CPP_MAX_WIDTH[weight dtype] on an x86 CPU under inductor; the
+  auto  the C++ template for widths up to CPP_MAX_WIDTH[weights] on an x86 CPU under inductor; the
         library GEMM elsewhere (wider steps, other devices, other compilers)
   cpp   the C++ template at every width (x86 CPU and inductor only)
   aten  the library GEMM at every width (inductor's default)
@@ -29,8 +30,9 @@ from assay.core.errors import AssayError
 
 DECODE_GEMMS = ("auto", "cpp", "aten")
 # The widest step `auto` gives the template, per weight dtype: past it the template is slower (float32: 1.13x
-# the library GEMM's step at 16) or too little faster to pay its compile and packed copy (bfloat16: 0.98x at 32).
-CPP_MAX_WIDTH = {"float32": 8, "bfloat16": 16}
+# the library GEMM's step at 16) or too little faster to pay its compile and packed copy (bfloat16: 0.98x at 32;
+# int8 weights, serve/runner/quantize.py: 0.98x from 8 on).
+CPP_MAX_WIDTH = {"float32": 8, "bfloat16": 16, "int8": 4}
 # Freezing folds the weights into the graph (and packs them for the micro-kernel); max-autotune over the
 # C++ template with aten's GEMM offered beside it keeps the faster of the two per shape. Its tables of
 # choices (written to stderr for every shape by default) stay out of a server's log: the warm-up says which

@@ -18,6 +18,7 @@ from assay.core.numerics import max_abs_diff, rel_error
 from assay.models.slots import SlotModel
 from assay.serve.runner.compiled_decode import CompiledDecode
 from assay.serve.runner.pool import SlotPool
+from assay.serve.runner.quantize import quantize_slot_model
 from assay.serve.runner.sizing import check_pool_fits
 
 
@@ -60,7 +61,9 @@ class ModelRunner:
     """A slot model, its pool (max_seqs slots + the scratch slot) and its decode step, eager or compiled."""
 
     def __init__(self, slot_model: SlotModel, max_seqs: int, pool_dtype: torch.dtype, max_len: int, device: torch.device,
-                 backend: str | None, check_eager: bool = False, decode_gemm: str = "auto"):
+                 backend: str | None, check_eager: bool = False, decode_gemm: str = "auto", quantize: str | None = None):
+        if quantize is not None:  # before the pool is sized and the decode step traced
+            quantize_slot_model(slot_model, quantize, device)
         self.slot_model = slot_model
         self.device = device
         self.eager = backend is None

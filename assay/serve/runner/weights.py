@@ -46,7 +46,12 @@ def cast_weights(slot_model: SlotModel, dtype: torch.dtype | str) -> SlotModel:
 
 
 def weights_dtype(slot_model: SlotModel) -> str:
-    """The dtype of the served model's weights, by name ("float32", "bfloat16")."""
+    """The dtype of the served model's weights, by name ("float32", "bfloat16"; "int8" when its linears are
+    quantized, serve/runner/quantize.py)."""
+    from assay.serve.runner.quantize import is_quantized
+
+    if is_quantized(slot_model.model):
+        return "int8"
     return dtype_name(str(next(slot_model.model.parameters()).dtype).removeprefix("torch."), aliases=False) or "float32"
 
 
