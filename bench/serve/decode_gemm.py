@@ -81,8 +81,8 @@ def main() -> None:
 
     from assay.models.slots import kv_bytes
     from assay.serve.runner.compiled_decode import CompiledDecode
-    from assay.serve.runner.quantize import matmul_weight_bytes, quantize_slot_model
-    from assay.serve.runner.weights import load_slot_model
+    from assay.serve.runner.quantize import quantize_slot_model
+    from assay.serve.runner.weights import load_slot_model, matmul_weight_bytes
 
     slot_model = load_slot_model(args.model, torch.device("cpu"), args.max_len, args.dtype)
     if args.quantize:

@@ -11,7 +11,7 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.numerics import tolerance
 from assay.serve import Engine, EngineConfig, run_to_completion
-from assay.serve.runner.gemm import CPP_MAX_WIDTH, decode_gemm
+from assay.serve.runner.gemm import CPP_MAX_WIDTH, decode_gemm, template_copy_bytes
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -34,6 +34,17 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 def test_each_width_gets_the_gemm_the_choice_names(choice, device, backend, width, dtype, expected):
     assert decode_gemm(choice, device, backend, width, dtype) == expected
     assert CPP_MAX_WIDTH == {"float32": 8, "bfloat16": 16, "int8": 4}
+
+
+@pytest.mark.skipif(not X86, reason="the C++ GEMM template's micro-kernels are x86 (AVX2/AVX-512) code")
+def test_auto_keeps_the_library_gemm_for_a_width_whose_packed_weights_would_not_fit():
+    weights = 538_000_000  # SmolLM2's float32 matmul weights
+    need = template_copy_bytes(weights)
+    assert need >= 2.6 * weights  # measured: up to 2.6x the weights added per template width
+    assert decode_gemm("auto", "cpu", "inductor", 1, "float32", need, weights) == "cpp"
+    assert decode_gemm("auto", "cpu", "inductor", 1, "float32", need - 1, weights) == "aten"
+    assert decode_gemm("auto", "cpu", "inductor", 1, "float32", None, weights) == "cpp"  # memory unknown: the table alone
+    assert decode_gemm("cpp", "cpu", "inductor", 1, "float32", 0, weights) == "cpp"  # asked for by name: kept
 
 
 def test_the_template_where_it_cannot_run_and_an_unknown_gemm_are_refused_before_loading(zoo_dir, assay_cli):

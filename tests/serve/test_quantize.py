@@ -24,7 +24,8 @@ from assay.serve.engine.config import EngineConfig
 from assay.serve.engine.engine import Engine, run_to_completion
 from assay.serve.launch import load_engine
 from assay.serve.runner.gemm import CPP_MAX_WIDTH
-from assay.serve.runner.quantize import Int8WeightOnlyLinear, is_quantized, matmul_weight_bytes, quantize_linears, quantize_slot_model
+from assay.serve.runner.quantize import DEQUANTIZED_ROWS, Int8WeightOnlyLinear, is_quantized, quantize_linears, quantize_slot_model
+from assay.serve.runner.weights import matmul_weight_bytes
 from assay.serve.settings import ServeRequest
 
 PROMPT = [5, 17, 42, 99, 3, 64, 7, 250]
@@ -69,6 +70,20 @@ def test_an_int8_layer_is_within_its_rounding_of_a_float64_reference(bias):
     assert out.shape == (3, 5, 160) and out.dtype == torch.float32
     assert 1e-3 < rel_error(out, exact) <= LAYER_TOLERANCE  # > 1e-3: the weights really are int8
     assert rel_error(out, rounded) <= 2**-8  # the same products, the result rounded to bfloat16 (2^-9 per element at most)
+
+
+def test_a_prefill_multiplies_by_the_dequantized_weight_and_a_decode_by_the_int8_kernel():
+    torch.manual_seed(1)
+    quantized = Int8WeightOnlyLinear(nn.Linear(64, 48, bias=False))
+    for rows, kernel in ((DEQUANTIZED_ROWS - 1, True), (DEQUANTIZED_ROWS, False)):
+        x = torch.randn(rows, 64)
+        with torch.no_grad():
+            out = quantized(x)
+        exact = x.double() @ quantized.dequantized().double().T  # the same int8 weight, nothing else rounded
+        error = rel_error(out, exact)
+        # The kernel rounds its input and output to bfloat16 (2^-9 each); the float32 GEMM only reassociates
+        # float32 sums of K = 64 products (1e-6).
+        assert (error > 1e-4) if kernel else (error < 1e-5), (rows, error)
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen3", "gla", "gemma3"])

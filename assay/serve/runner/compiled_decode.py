@@ -16,9 +16,9 @@ from time import perf_counter as now
 import torch
 
 from assay.core.compiling import CompileStats, compile_fn, watch
-from assay.core.device import synchronize
-from assay.serve.runner.gemm import decode_gemm, inductor_patches
-from assay.serve.runner.weights import SlotModel, weights_dtype
+from assay.core.device import free_memory_bytes, synchronize
+from assay.serve.runner.gemm import decode_gemm, inductor_patches, template_copy_bytes
+from assay.serve.runner.weights import SlotModel, matmul_weight_bytes, weights_dtype
 
 log = logging.getLogger("assay.serve")
 
@@ -45,7 +45,8 @@ class CompiledDecode:
         self.backend = backend
         self.device = device
         self.gemm = gemm
-        self.weights_dtype = weights_dtype(slot_model)  # "float32" or "bfloat16": auto's widest template width depends on it
+        self.weights_dtype = weights_dtype(slot_model)  # "float32", "bfloat16" or "int8": auto's widest template width depends on it
+        self.weight_bytes = matmul_weight_bytes(slot_model.model)  # the template's packed copy per width is sized from it
         self.gemms: dict[int, str] = {}  # width -> the GEMM its graph was compiled with ("cpp" or "aten")
         self.compile_stats = CompileStats()
         if self.eager:
@@ -71,7 +72,13 @@ class CompiledDecode:
     def gemm_for(self, width: int) -> str:
         """The GEMM of this width's graph ("cpp" or "aten"), resolved once per width."""
         if width not in self.gemms:
-            self.gemms[width] = decode_gemm(self.gemm, self.device.type, self.backend, width, self.weights_dtype)
+            free = free_memory_bytes(self.device) if self.gemm == "auto" and not self.eager else None
+            gemm = decode_gemm(self.gemm, self.device.type, self.backend, width, self.weights_dtype, free, self.weight_bytes)
+            if gemm != decode_gemm(self.gemm, self.device.type, self.backend, width, self.weights_dtype):  # memory decided it
+                log.info(f"decode width {width}: the library GEMM, not the C++ template: its packed copy of the weights "
+                         f"(up to {template_copy_bytes(self.weight_bytes) / 2**30:.2g} GiB) does not fit in the "
+                         f"{free / 2**30:.2g} GiB free")
+            self.gemms[width] = gemm
         return self.gemms[width]
 
     def timed(self, tokens, slot_ids, positions, buffers) -> tuple[torch.Tensor, bool, float, float]:

@@ -19,7 +19,8 @@ the CPU. bench/serve/decode_gemm.py, one compiled decode step of SmolLM2-135M-In
 What the template costs: each width's graph is compiled with max-autotune (100-130 s per width for SmolLM2
 on 2 cores, at warm-up, before the first request), and freezing gives each width's graph its own packed
 copy of the weights (SmolLM2, 538 MB of float32 weights: RSS +0.84 GB after width 1, +1.39 GB more after
-width 2; the library GEMM's graphs +0.16 GB, then +0.02 GB).
+width 2; the library GEMM's graphs +0.16 GB, then +0.02 GB). So `auto` gives a width the template only while
+3x the weights' bytes are free when that width compiles, and the library GEMM otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ DECODE_GEMMS = ("auto", "cpp", "aten")
 # the library GEMM's step at 16) or too little faster to pay its compile and packed copy (bfloat16: 0.98x at 32;
 # int8 weights, serve/runner/quantize.py: 0.98x from 8 on).
 CPP_MAX_WIDTH = {"float32": 8, "bfloat16": 16, "int8": 4}
+# A width compiled through the template may add this many times the weights' bytes to the process (see
+# template_copy_bytes): `auto` gives a width the template only while that much memory is free.
+TEMPLATE_COPY_FACTOR = 3
 # Freezing folds the weights into the graph (and packs them for the micro-kernel); max-autotune over the
 # C++ template with aten's GEMM offered beside it keeps the faster of the two per shape. Its tables of
 # choices (written to stderr for every shape by default) stay out of a server's log: the warm-up says which
@@ -52,9 +56,12 @@ def cpp_template_available(device_type: str, backend: str | None) -> bool:
     return backend == "inductor" and device_type == "cpu" and platform.machine().lower() in ("x86_64", "amd64")
 
 
-def decode_gemm(choice: str, device_type: str, backend: str | None, width: int, dtype: str = "float32") -> str:
+def decode_gemm(choice: str, device_type: str, backend: str | None, width: int, dtype: str = "float32",
+                free_bytes: int | None = None, weight_bytes: int = 0) -> str:
     """'cpp' or 'aten': the GEMM of the compiled decode graph of `width` rows with weights in `dtype`. AssayError
-    when `choice` is cpp and the template cannot serve this device or compiler."""
+    when `choice` is cpp and the template cannot serve this device or compiler. free_bytes (the memory free
+    now, None: unknown) and weight_bytes (the matmul weights'): `auto` keeps the library GEMM for a width
+    whose packed copy of the weights (TEMPLATE_COPY_FACTOR x weight_bytes) would not fit."""
     check_decode_gemm(choice)
     available = cpp_template_available(device_type, backend)
     if choice == "cpp" and not available:
@@ -62,7 +69,17 @@ def decode_gemm(choice: str, device_type: str, backend: str | None, width: int, 
                          f"{device_type}, {platform.machine()})")
     if choice == "aten" or not available:
         return "aten"
-    return "cpp" if choice == "cpp" or width <= CPP_MAX_WIDTH.get(dtype, 0) else "aten"
+    if choice == "cpp":
+        return "cpp"
+    fits = free_bytes is None or template_copy_bytes(weight_bytes) <= free_bytes
+    return "cpp" if width <= CPP_MAX_WIDTH.get(dtype, 0) and fits else "aten"
+
+
+def template_copy_bytes(weight_bytes: int) -> int:
+    """What compiling one width through the template may add to the process: freezing folds a packed copy of
+    the weights into its graph (measured on SmolLM2's 538 MB: +0.84 GB at the first width, +1.39 GB at the
+    second, so up to 2.6x the weights), TEMPLATE_COPY_FACTOR x the weights' bytes."""
+    return TEMPLATE_COPY_FACTOR * weight_bytes
 
 
 def inductor_patches(gemm: str) -> dict:
@@ -70,4 +87,5 @@ def inductor_patches(gemm: str) -> dict:
     return dict(CPP_PATCHES) if gemm == "cpp" else {}
 
 
-__all__ = ["CPP_MAX_WIDTH", "DECODE_GEMMS", "check_decode_gemm", "decode_gemm", "inductor_patches"]
+__all__ = ["CPP_MAX_WIDTH", "DECODE_GEMMS", "TEMPLATE_COPY_FACTOR", "check_decode_gemm", "decode_gemm", "inductor_patches",
+           "template_copy_bytes"]

@@ -3,7 +3,9 @@
 int8: each nn.Linear's weight [N, K] becomes int8 with one scale per output row (symmetric, max |w| / 127),
 and its matmul runs through PyTorch's weight-only int8 kernel, torch._weight_int8pack_mm, with the
 activations rounded to bfloat16 at its input and its output in bfloat16 (the kernel's fast path on a CPU with
-AVX512-BF16 or AMX, and the dtype its CUDA kernel takes). A decode step reads a quarter of float32's weight bytes. The output keeps
+AVX512-BF16 or AMX, and the dtype its CUDA kernel takes). A call of DEQUANTIZED_ROWS rows or more (a
+prefill) multiplies by the dequantized weight in the input's dtype instead: there the matmul's arithmetic,
+not the weight's bytes, sets the time. A decode step reads a quarter of float32's weight bytes. The output keeps
 the layer's dtype, so the rest of the model (norms, attention, the KV cache, the logits) is unchanged.
 
 Measured on SmolLM2-135M-Instruct (docs/serve.md, "Weight-only int8"): each layer's output differs from
@@ -19,13 +21,22 @@ import torch
 from torch import nn
 
 from assay.core.errors import AssayError
-from assay.models.common.decoder import SoftcappedOutput
 from assay.serve.runner.dtypes import check_quantize
 
 # The dtype the int8 kernel's activations (and scales) are in: bfloat16 is the CPU kernel's vectorised path (its
 # float32 path is a scalar loop, 5-30x slower at 8-32 rows, measured here) and what its CUDA kernel takes.
 ACTIVATION_DTYPE = torch.bfloat16
 INT8_MAX = 127
+# From this many rows (a prefill's tokens) the layer multiplies by its dequantized weight in the input's dtype:
+# the int8 kernel is 1.25-1.38x slower than float32's GEMM at 128-4,096 rows of SmolLM2's layers on 2 AVX-512
+# cores, dequantize-then-GEMM 1.03-1.08x (docs/serve.md, "Weight-only int8"); at 16-32 rows the kernel is
+# 0.78-1.0x of float32's GEMM and dequantizing costs more than it saves. Decode steps (up to 64 rows) keep
+# the kernel. A 32 x 128-token prefill of SmolLM2 in int8: 8.05 s through the kernel, 6.42 s so (float32: 6.12 s).
+DEQUANTIZED_ROWS = 128
+# ... but only a weight of at most this many elements: a larger float copy is a fresh allocation on every call,
+# whose page faults cost more than the kernel loses (SmolLM2's 49152 x 576 head at 128 rows, as a prompt's
+# logprobs ask: 126 ms dequantized against the kernel's 68 ms).
+DEQUANTIZED_MAX_ELEMENTS = 8 * 2**20
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -42,8 +53,11 @@ class Int8WeightOnlyLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N], x's dtype
-        rows = x.reshape(-1, self.in_features).to(ACTIVATION_DTYPE)
-        y = torch._weight_int8pack_mm(rows, self.weight_int8, self.scale).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] >= DEQUANTIZED_ROWS and self.weight_int8.numel() <= DEQUANTIZED_MAX_ELEMENTS:  # a prefill
+            return nn.functional.linear(x, self.dequantized().to(x.dtype), self.bias)
+        y = torch._weight_int8pack_mm(rows.to(ACTIVATION_DTYPE), self.weight_int8, self.scale)
+        y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
     def dequantized(self) -> torch.Tensor:  # [N, K] float32: the weight the kernel multiplies by
@@ -78,21 +92,6 @@ def quantize_slot_model(slot_model, scheme: str, device: torch.device) -> None:
     check_device(device)
     if not is_quantized(slot_model.model):
         quantize_linears(slot_model.model, scheme)
-
-
-def matmul_weight_bytes(model: nn.Module) -> int:
-    """The bytes a decode step reads to multiply by every weight once: each linear's weight (int8 and its scales
-    when quantized; a head tied to the embedding counted once, as the head). An embedding lookup reads only its
-    rows and is left out."""
-    seen, total = set(), 0
-    for module in model.modules():
-        tensors = [module.weight_int8, module.scale] if isinstance(module, Int8WeightOnlyLinear) else \
-            [module.weight] if isinstance(module, (nn.Linear, SoftcappedOutput)) else []
-        for tensor in tensors:
-            if tensor.data_ptr() not in seen:
-                seen.add(tensor.data_ptr())
-                total += tensor.numel() * tensor.element_size()
-    return total
 
 
 def check_device(device: torch.device) -> None:

@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 
 import torch
+from torch import nn
 
 from assay.core.dtypes import dtype_name, torch_dtype
 from assay.core.errors import AssayError
 from assay.models import registry
+from assay.models.common.decoder import SoftcappedOutput
 from assay.models.slots import SlotModel
 from assay.serve.runner.dtypes import check_state_dtype, check_weight_dtype
+from assay.serve.runner.quantize import Int8WeightOnlyLinear, is_quantized
 
 KV_REFERENCE_LENGTHS = (2048, 8192)
 
@@ -48,11 +51,24 @@ def cast_weights(slot_model: SlotModel, dtype: torch.dtype | str) -> SlotModel:
 def weights_dtype(slot_model: SlotModel) -> str:
     """The dtype of the served model's weights, by name ("float32", "bfloat16"; "int8" when its linears are
     quantized, serve/runner/quantize.py)."""
-    from assay.serve.runner.quantize import is_quantized
-
     if is_quantized(slot_model.model):
         return "int8"
     return dtype_name(str(next(slot_model.model.parameters()).dtype).removeprefix("torch."), aliases=False) or "float32"
+
+
+def matmul_weight_bytes(model: nn.Module) -> int:
+    """The bytes a decode step reads to multiply by every weight once: each linear's weight (int8 and its scales
+    when quantized; a head tied to the embedding counted once, as the head). An embedding lookup reads only its
+    rows and is left out."""
+    seen, total = set(), 0
+    for module in model.modules():
+        tensors = [module.weight_int8, module.scale] if isinstance(module, Int8WeightOnlyLinear) else \
+            [module.weight] if isinstance(module, (nn.Linear, SoftcappedOutput)) else []
+        for tensor in tensors:
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                total += tensor.numel() * tensor.element_size()
+    return total
 
 
 def model_type_of(folder: str | os.PathLike) -> str:
