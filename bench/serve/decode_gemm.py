@@ -35,6 +35,7 @@ import time
 import torch
 
 from assay.core.files import atomic_write_json
+from assay.serve.runner.dtypes import QUANTIZATIONS
 from assay.core.output import print_table
 from bench.common import RESULTS, best_of, machine, read_rate
 
@@ -71,7 +72,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=256, help="positions per slot (the compiled step reads all of them)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dtype", default="float32", help="the weights' dtype (the KV cache and the logits stay float32)")
-    parser.add_argument("--quantize", default=None, help="int8: the linears' weights in int8 (as assay serve --quantize int8)")
+    parser.add_argument("--quantize", default=None, choices=QUANTIZATIONS, help="int8: the linears' weights in int8 (as assay serve --quantize int8)")
     parser.add_argument("--out", type=Path, default=RESULTS / "decode_gemm.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -32,6 +32,7 @@ import tempfile
 import time
 
 from assay.core.files import atomic_write_json
+from assay.serve.runner.dtypes import QUANTIZATIONS
 from bench.common import RESULTS
 
 TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
@@ -134,7 +135,7 @@ def compare(served: dict, reference: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint folder (default: the real SmolLM2-135M-Instruct)")
-    parser.add_argument("--quantize", default=None, help="also serve the model with --quantize QUANTIZE and score it")
+    parser.add_argument("--quantize", default=None, choices=QUANTIZATIONS, help="also serve the model with --quantize QUANTIZE and score it")
     parser.add_argument("--out", default=str(RESULTS / "serve_lm_eval.json"))
     args = parser.parse_args()
     if args.model is None:

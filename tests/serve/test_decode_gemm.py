@@ -3,7 +3,6 @@ x86 CPU, the library GEMM elsewhere; a choice that cannot serve is one line befo
 
 from __future__ import annotations
 
-import platform
 
 import pytest
 import torch
@@ -11,9 +10,9 @@ import torch
 from assay.core.errors import AssayError
 from assay.core.numerics import tolerance
 from assay.serve import Engine, EngineConfig, run_to_completion
-from assay.serve.runner.gemm import CPP_MAX_WIDTH, decode_gemm, template_copy_bytes
+from assay.serve.runner.gemm import CPP_MAX_WIDTH, cpp_template_available, decode_gemm, template_copy_bytes
 
-X86 = platform.machine().lower() in ("x86_64", "amd64")
+X86 = cpp_template_available("cpu", "inductor")  # an x86 CPU
 
 
 @pytest.mark.skipif(not X86, reason="the C++ GEMM template's micro-kernels are x86 (AVX2/AVX-512) code")

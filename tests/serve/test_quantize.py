@@ -11,7 +11,6 @@ logits, and the real model to what matters, its next-token loss on held-out text
 
 from __future__ import annotations
 
-import platform
 from dataclasses import replace
 
 import pytest
@@ -23,7 +22,7 @@ from assay.core.numerics import rel_error, tolerance
 from assay.serve.engine.config import EngineConfig
 from assay.serve.engine.engine import Engine, run_to_completion
 from assay.serve.launch import load_engine
-from assay.serve.runner.gemm import CPP_MAX_WIDTH
+from assay.serve.runner.gemm import CPP_MAX_WIDTH, cpp_template_available
 from assay.serve.runner.quantize import DEQUANTIZED_ROWS, Int8WeightOnlyLinear, is_quantized, quantize_linears, quantize_slot_model
 from assay.serve.runner.weights import matmul_weight_bytes
 from assay.serve.settings import ServeRequest
@@ -155,7 +154,7 @@ def test_the_real_model_in_int8_keeps_its_loss_and_its_answers(real_model_dir):
 
 
 @pytest.mark.inductor
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the C++ GEMM template's micro-kernels are x86 code")
+@pytest.mark.skipif(not cpp_template_available("cpu", "inductor"), reason="the C++ GEMM template's micro-kernels are x86 code")
 def test_inductor_serves_int8_through_the_template_when_narrow_and_the_library_when_wide(zoo_dir):
     # serve/runner/gemm.py: `auto` gives int8 weights the template up to width 4 (its weight-only int8 micro-kernel).
     wide = 2 * CPP_MAX_WIDTH["int8"]
