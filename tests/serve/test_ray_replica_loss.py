@@ -1,12 +1,13 @@
 """An engine replica SIGKILLed under load loses no request: `assay serve --executor ray --replicas 2` over the
 tiny Qwen3, 40 requests of 128 tokens (one in four streamed), 16 at a time, the replica running the most
-killed at a random moment while at least 8 are unfinished. Every non-streamed request answers 200 with its
-128 tokens, and those that were run again (X-Assay-Reruns) give the text of an unbroken run; every stream
-ends with [DONE] (or an error event), the openai client sees no protocol error, and the streams that ended
-give the unbroken run's text too, greedy or seeded. /health turns degraded, /metrics counts the loss and the
-reruns; with every engine replica killed, a request gets 503 with Retry-After. Expected texts come from an
-engine decoding the prompts in one process (greedy float32 decoding of independent rows is exact, so the
-texts must be equal, not close)."""
+killed at a random moment while at least 8 are unfinished (again on fresh requests once Ray Serve has
+restarted it, up to three kills, until one finds a non-streamed request running there). Every non-streamed
+request answers 200 with its 128 tokens, and those that were run again (X-Assay-Reruns) give the text of an
+unbroken run; every stream ends with [DONE] (or an error event), the openai client sees no protocol error,
+and the streams that ended give the unbroken run's text too, greedy or seeded. /health turns degraded,
+/metrics counts the losses and the reruns; with every engine replica killed, a request gets 503 with
+Retry-After. Expected texts come from an engine decoding the prompts in one process (greedy float32
+decoding of independent rows is exact, so the texts must be equal, not close)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ REQUESTS, CONCURRENCY, MAX_TOKENS = 40, 16, 128
 PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [11, 12, 13, 14, 15], [42, 43, 44]]
 SEED, TEMPERATURE = 1234, 0.8
 STAGGER_S = 0.05  # between the first wave's starts: their ends spread over a few decode steps
+MAX_ROUNDS = 3  # kills, each on a fresh set of requests, until one finds a non-streamed request running
 
 
 def expected_texts(zoo_dir) -> dict[tuple[int, str], str]:
@@ -107,93 +109,25 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
         assert len(replicas) == 2
         assert wait_for_health(url, "ok") == (200, "ok")  # the router's view of the replicas trails the controller's by a poll
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=180)
-        in_flight, finished, lock = [0], [0], threading.Lock()
-        results: dict[int, tuple] = {}
-
-        def ask(i: int) -> None:
-            # The first wave starts staggered: requests of one length started together end together, and a kill
-            # that lands between two such waves finds nothing running (the next wave still in Ray's queue).
-            time.sleep(STAGGER_S * i if i < CONCURRENCY else 0)
-            with lock:
-                in_flight[0] += 1
-            try:
-                request = body(i)
-                extra = {"ignore_eos": True}
-                sampling = {k: request[k] for k in ("temperature", "seed") if k in request}
-                if not streamed(i):  # through the openai client, with the response's headers
-                    raw = client.completions.with_raw_response.create(model="qwen3-pretrained", prompt=request["prompt"],
-                                                                      max_tokens=MAX_TOKENS, extra_body=extra, **sampling)
-                    completion = raw.parse()
-                    results[i] = ("plain", completion.choices[0].text, completion.usage.completion_tokens,
-                                  int(raw.headers.get("x-assay-reruns", "0")))
-                elif (i // 8) % 2 == 0:  # streamed, through the openai client: an error event is its APIError
-                    try:
-                        chunks = client.completions.create(model="qwen3-pretrained", prompt=request["prompt"], max_tokens=MAX_TOKENS,
-                                                           stream=True, extra_body=extra, **sampling)
-                        results[i] = ("stream", "".join(c.choices[0].text for c in chunks if c.choices), "done")
-                    except openai.APIError as exc:
-                        assert not isinstance(exc, openai.APIConnectionError), exc
-                        results[i] = ("stream", "", "error")
-                else:  # streamed, read line by line: [DONE] or an error event, nothing after
-                    results[i] = ("stream", *sse_stream(url, request))
-            finally:
-                with lock:
-                    in_flight[0] -= 1
-                    finished[0] += 1
-
-        kill = {}
-        health: list[str] = []
-
-        def killer() -> None:
-            # A random moment while the pool keeps CONCURRENCY requests going (once a random number of requests,
-            # short of the last waves, have finished), the victim the replica the router last said runs the most
-            # (Ray's routing can leave most requests on one replica).
-            after = random.randrange(0, REQUESTS - 2 * CONCURRENCY)
-            deadline = time.monotonic() + 300
-            running = {}
-            # The test's own view of /health, on one kept-alive connection: a poll that Ray's proxy drops (it can
-            # under load, a new connection every 20 ms) is polled again; what the clients get is asserted below.
-            with httpx.Client(timeout=30) as poller:
-                def poll() -> dict | None:
-                    try:
-                        return poller.get(f"{url}/health").json()
-                    except httpx.TransportError:
-                        return None
-
-                while finished[0] < after or in_flight[0] < 8 or max(running.values(), default=0) < 3:
-                    running = (poll() or {"replicas": {"running": running}})["replicas"]["running"]
-                    if time.monotonic() > deadline:
-                        return
-                    time.sleep(0.02)
-                victim = max(replicas, key=lambda replica: running.get(replica, 0))
-                os.kill(replicas[victim], signal.SIGKILL)
-                kill.update(replica=victim, in_flight=in_flight[0], running=running, after=after)
-                while "degraded" not in health and time.monotonic() < deadline:
-                    health.append((poll() or {"status": "unanswered"})["status"])
-                    time.sleep(0.2)
-
-        watcher = threading.Thread(target=killer, daemon=True)
-        watcher.start()
-        with ThreadPoolExecutor(CONCURRENCY) as pool:
-            list(pool.map(ask, range(REQUESTS), timeout=600))
-        watcher.join(90)
-
-        assert kill and kill["in_flight"] >= 8 and kill["running"].get(kill["replica"], 0) >= 3, kill
-        assert "degraded" in health, health
-        assert len(results) == REQUESTS
-        plain = {i: r for i, r in results.items() if r[0] == "plain"}
-        assert all(tokens == MAX_TOKENS for _, _, tokens, _ in plain.values())
-        assert all(text == expected[(prompt_index(i), "greedy")] for i, (_, text, _, _) in plain.items())
-        rerun = [i for i, r in plain.items() if r[3]]
-        assert rerun, f"no non-streamed request was on the killed replica ({kill})"
-        streams = {i: r for i, r in results.items() if r[0] == "stream"}
-        for i, (_, text, ended) in streams.items():
-            mode = "seeded" if "seed" in body(i) else "greedy"
-            assert ended == "error" or text == expected[(prompt_index(i), mode)], (i, mode)
+        # A kill lands at a random moment, so it can find the victim's requests all streamed, or all finished while the
+        # router (slowed by a loaded machine) still counts them: then the round proves no loss but no rerun of a whole
+        # answer, and the replica is killed again once Ray Serve has restarted it, on a fresh set of requests.
+        kills, plain_reruns = [], []
+        for round_number in range(MAX_ROUNDS):
+            if round_number:
+                assert wait_for_health(url, "ok") == (200, "ok")
+                replicas = replica_processes(process.pid)
+                assert len(replicas) == 2, replicas
+            kill, plain = one_round(url, client, replicas, expected)
+            kills.append(kill)
+            plain_reruns += [i for i, r in plain.items() if r[3]]
+            if plain_reruns:
+                break
+        assert plain_reruns, f"no non-streamed request was on the killed replica in {MAX_ROUNDS} rounds ({kills})"
         scraped = metrics(url)
-        assert scraped[("assay_replica_losses_total", ())] >= 1
+        assert scraped[("assay_replica_losses_total", ())] >= len(kills)
         reruns = sum(scraped[("assay_requests_rerun_total", (("sent", s),))] for s in ("none", "tokens"))
-        assert reruns >= len(rerun)
+        assert reruns >= len(plain_reruns)
 
         # Every engine replica killed: a request gets 503 and Retry-After at once, not a 500 or a hang. First both
         # running again (a replica Ray Serve is still starting after the kill above would answer after this one).
@@ -211,6 +145,93 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
     finally:
         stop(process)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def one_round(url: str, client: openai.OpenAI, replicas: dict[str, int], expected) -> tuple[dict, dict[int, tuple]]:
+    """REQUESTS requests, CONCURRENCY at a time, one replica SIGKILLed among them: every answer whole and unbroken,
+    /health degraded after the kill. (the kill, {request index: ("plain", text, tokens, reruns)})."""
+    in_flight, finished, lock = [0], [0], threading.Lock()
+    results: dict[int, tuple] = {}
+
+    def ask(i: int) -> None:
+        # The first wave starts staggered: requests of one length started together end together, and a kill
+        # that lands between two such waves finds nothing running (the next wave still in Ray's queue).
+        time.sleep(STAGGER_S * i if i < CONCURRENCY else 0)
+        with lock:
+            in_flight[0] += 1
+        try:
+            request = body(i)
+            extra = {"ignore_eos": True}
+            sampling = {k: request[k] for k in ("temperature", "seed") if k in request}
+            if not streamed(i):  # through the openai client, with the response's headers
+                raw = client.completions.with_raw_response.create(model="qwen3-pretrained", prompt=request["prompt"],
+                                                                  max_tokens=MAX_TOKENS, extra_body=extra, **sampling)
+                completion = raw.parse()
+                results[i] = ("plain", completion.choices[0].text, completion.usage.completion_tokens,
+                              int(raw.headers.get("x-assay-reruns", "0")))
+            elif (i // 8) % 2 == 0:  # streamed, through the openai client: an error event is its APIError
+                try:
+                    chunks = client.completions.create(model="qwen3-pretrained", prompt=request["prompt"], max_tokens=MAX_TOKENS,
+                                                       stream=True, extra_body=extra, **sampling)
+                    results[i] = ("stream", "".join(c.choices[0].text for c in chunks if c.choices), "done")
+                except openai.APIError as exc:
+                    assert not isinstance(exc, openai.APIConnectionError), exc
+                    results[i] = ("stream", "", "error")
+            else:  # streamed, read line by line: [DONE] or an error event, nothing after
+                results[i] = ("stream", *sse_stream(url, request))
+        finally:
+            with lock:
+                in_flight[0] -= 1
+                finished[0] += 1
+
+    kill = {}
+    health: list[str] = []
+
+    def killer() -> None:
+        # A random moment while the pool keeps CONCURRENCY requests going (once a random number of requests,
+        # short of the last waves, have finished), the victim the replica the router last said runs the most
+        # (Ray's routing can leave most requests on one replica).
+        after = random.randrange(0, REQUESTS - 2 * CONCURRENCY)
+        deadline = time.monotonic() + 300
+        running = {}
+        # The test's own view of /health, on one kept-alive connection: a poll that Ray's proxy drops (it can
+        # under load, a new connection every 20 ms) is polled again; what the clients get is asserted below.
+        with httpx.Client(timeout=30) as poller:
+            def poll() -> dict | None:
+                try:
+                    return poller.get(f"{url}/health").json()
+                except httpx.TransportError:
+                    return None
+
+            while finished[0] < after or in_flight[0] < 8 or max(running.values(), default=0) < 3:
+                running = (poll() or {"replicas": {"running": running}})["replicas"]["running"]
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.02)
+            victim = max(replicas, key=lambda replica: running.get(replica, 0))
+            os.kill(replicas[victim], signal.SIGKILL)
+            kill.update(replica=victim, in_flight=in_flight[0], running=running, after=after)
+            while "degraded" not in health and time.monotonic() < deadline:
+                health.append((poll() or {"status": "unanswered"})["status"])
+                time.sleep(0.2)
+
+    watcher = threading.Thread(target=killer, daemon=True)
+    watcher.start()
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        list(pool.map(ask, range(REQUESTS), timeout=600))
+    watcher.join(90)
+
+    assert kill and kill["in_flight"] >= 8 and kill["running"].get(kill["replica"], 0) >= 3, kill
+    assert "degraded" in health, health
+    assert len(results) == REQUESTS
+    plain = {i: r for i, r in results.items() if r[0] == "plain"}
+    assert all(tokens == MAX_TOKENS for _, _, tokens, _ in plain.values())
+    assert all(text == expected[(prompt_index(i), "greedy")] for i, (_, text, _, _) in plain.items())
+    streams = {i: r for i, r in results.items() if r[0] == "stream"}
+    for i, (_, text, ended) in streams.items():
+        mode = "seeded" if "seed" in body(i) else "greedy"
+        assert ended == "error" or text == expected[(prompt_index(i), mode)], (i, mode)
+    return kill, plain
 
 
 def wait_for_health(url: str, status: str, timeout_s: float = 60.0) -> tuple[int, str]:
