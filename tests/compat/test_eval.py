@@ -58,7 +58,7 @@ def test_an_honest_backend_agrees_with_the_reference_item_by_item(honest):
     for task, drift in zip(BOTH, row["eval_loglik_max_diff"]):
         largest = max(abs(x) for item in _cached_reference(plan, task)["items"] for x in item["logliks"])
         assert drift <= tolerance("compiled_vs_eager", torch.float32) * largest, (task, drift, largest)
-    # A few padded shapes, each compiled once (power-of-two lengths from 32; the zoo tokenizer's longest item is ~170 tokens).
+    # A few padded shapes, each compiled once (power-of-two lengths from 64; the zoo tokenizer's longest item is ~170 tokens).
     assert 1 <= row["eval_graphs"] <= 4 and row["eval_recompiles"] == row["eval_graphs"] - 1
     assert all(s > 0 for s in row["eval_seconds"] + row["eval_reference_seconds"]) and row["eval_s"] > 0
     assert row["eval_reference_dtype"] == "float32" and "--eval assay_cloze,assay_next_sentence" in row["command"]
