@@ -17,10 +17,7 @@ esac
 
 step() { echo "setup: $*" >&2; }
 # pip's own lines say what it fetches and installs; the "already satisfied" ones of a second run say nothing.
-# --no-compile: pip would byte-compile every file of every package (torch's install: 17 s with it against
-# 5 s without); Python compiles a module when it is first imported, and keeps it (the last line below imports
-# torch and Transformers). The test set-up from a clean clone: 117 s -> 78 s.
-pip_install() { python -m pip install --no-compile "$@" 2>&1 | sed -u '/^Requirement already satisfied/d'; }
+pip_install() { python -m pip install "$@" 2>&1 | sed -u '/^Requirement already satisfied/d'; }
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -69,7 +69,16 @@ class ShortConvolution(nn.Module):
         else:
             padded = torch.cat([state.to(x.dtype), x], dim=1)
         weight, bias = _local(self.weight), _local(self.bias)  # under tensor parallelism: this rank's channels
-        y = F.conv1d(padded.transpose(1, 2), weight, bias, groups=width)  # [B, D, T]
+        # y_t = sum_j w_j x_{t - W + 1 + j} (+ bias): W shifted multiply-adds in [B, T, D], what a depthwise conv1d
+        # computes. Not F.conv1d: its CPU backward is slow for depthwise filters (forward + backward of one layer's
+        # q at [64, 16, 64], W = 4, one thread: 1,390 us against 716 us here; [8, 512, 256]: 14.1 ms against 12.4).
+        steps = x.shape[1]
+        taps = weight.squeeze(1).t()  # [W, D]
+        y = padded[:, :steps] * taps[0]
+        for j in range(1, self.kernel_size):
+            y = torch.addcmul(y, padded[:, j : j + steps], taps[j])
+        if bias is not None:
+            y = y + bias
         final = None
         if output_final_state and ends is None:
             final = padded[:, padded.shape[1] - history:].contiguous()
@@ -78,7 +87,7 @@ class ShortConvolution(nn.Module):
             # coordinates, inputs ends .. ends + W - 2.
             index = ends.view(-1, 1) + torch.arange(history, device=x.device)  # [B, W - 1]
             final = padded.gather(1, index.unsqueeze(-1).expand(-1, -1, width))
-        return F.silu(y.transpose(1, 2)), final
+        return F.silu(y), final
 
     def extra_repr(self) -> str:
         return f"width={self.weight.shape[0]}, kernel_size={self.kernel_size}, bias={self.bias is not None}"
