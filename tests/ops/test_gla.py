@@ -377,6 +377,25 @@ def test_backward_keeps_no_per_chunk_intermediates():
     assert sum(x.numel() for x in saved) <= 4 * q.numel() + 2 * HEADS * KEY_DIM * VALUE_DIM * (256 // 64 + 1)
 
 
+def test_a_sequence_shorter_than_a_chunk_runs_in_a_chunk_of_its_own_length():
+    # 16 tokens with chunk_size 64 run as one 16-token chunk: autograd saves the unpadded inputs, not 4x
+    # their size in padding (MQAR's short stage trains at 16 tokens). A power of two from 16 that holds
+    # the sequence; a sequence of a chunk or more keeps the chunk size asked for.
+    from assay.kernels.gla.chunk import fitted_chunk_size
+
+    assert [fitted_chunk_size(t, 64) for t in (1, 16, 17, 33, 64, 65, 500)] == [16, 16, 32, 64, 64, 64, 64]
+    assert fitted_chunk_size(20, 48) == 32 and fitted_chunk_size(40, 48) == 48
+    q, k, v, g, h0 = make_inputs(16, 1.0, batch=1)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+        o, state = gla_chunk(*leaves, initial_state=h0, output_final_state=True, chunk_size=64)
+    assert max(x.numel() for x in saved) == q.numel()
+    o_ref, state_ref = gla_recurrent(*as_float64([q, k, v, g]), initial_state=h0.double(), output_final_state=True)
+    assert_close("recurrence", o, o_ref, torch.float32)
+    assert_close("recurrence", state, state_ref, torch.float32)
+
+
 def _compiled_matches_eager(backend, inputs, chunk_size):
     q, k, v, g, h0 = inputs
     # fullgraph: a graph break is an error. Static shapes: each test compiles its own length once.

@@ -62,6 +62,7 @@ def gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     """
     check_chunk_size(chunk_size)
     batch, time, heads, key_dim, value_dim = check_inputs(q, k, v, g, initial_state)
+    chunk_size = fitted_chunk_size(time, chunk_size)
     scale = key_dim**-0.5 if scale is None else float(scale)
     accum = accumulation_dtype(q.dtype)
     if initial_state is None:
@@ -80,6 +81,20 @@ def gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     else:
         o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
     return o.to(q.dtype), (state if output_final_state else None)
+
+
+def fitted_chunk_size(time, chunk_size: int) -> int:
+    """The chunk a sequence of `time` tokens runs in: `chunk_size`, or for a sequence shorter than one chunk
+    the smallest power of two from 16 that holds it. A 16-token sequence padded to a 64-token chunk would
+    do 4x the work of its own chunk on padding (MQAR's short stage trains at 16 tokens); one chunk either
+    way, so the result is the same up to float rounding. A symbolic length (a dynamic-shape graph) keeps
+    `chunk_size`: no guard on the length."""
+    if not isinstance(time, int) or time >= chunk_size:
+        return chunk_size
+    fitted = 16
+    while fitted < time:
+        fitted *= 2
+    return min(fitted, chunk_size)
 
 
 def _segment(q, k, v, g, state, scale, chunk_size):
