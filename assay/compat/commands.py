@@ -44,6 +44,11 @@ def eval_option():
                         "(assay_cloze, assay_next_sentence, or `embedded` for both) or paths of lm-eval task YAML files, comma-separated")
 
 
+def eval_limit_option():
+    return typer.Option(None, "--eval-limit", help="with --eval: score only each task's first N documents (lm-eval's --limit); "
+                        "the row records it, and its run.py scores the same documents")
+
+
 def eval_setting(tasks: Optional[str]) -> tuple[str, ...]:
     if tasks is None:
         return ()
@@ -110,6 +115,7 @@ def probe_command(
     triage: bool = typer.Option(False, "--triage", help="on FAIL_COMPILE, FAIL_ACCURACY or CRASH: minify the failure into repro_py (assay triage)"),
     triage_budget: float = typer.Option(600.0, "--triage-budget", help="seconds for --triage in all"),
     eval_tasks: Optional[str] = eval_option(),
+    eval_limit: Optional[int] = eval_limit_option(),
     json_out: bool = json_option(),
 ):
     """Load, generate with a static cache under torch.compile, compare with CPU eager, record the row."""
@@ -126,7 +132,7 @@ def probe_command(
     limit = _gib(memory_limit_gb)
     request = ProbeRequest(model, device, backend, dtype, new_tokens, task, skip, devices=devices, judge=judge, reference=not no_reference, parallelism=parallelism,
                            reference_cache=reference_cache_setting(reference_cache, no_reference_cache), reference_dtype=reference_dtype,
-                           eval_tasks=evals)
+                           eval_tasks=evals, eval_limit=eval_limit)
     check_probe_request(request)  # paths, names and numbers: before torch is imported
     quiet_libraries()
     from assay.compat.run.single import probe_and_record
@@ -238,6 +244,7 @@ def sweep_command(
     no_reference_cache: bool = no_reference_cache_option(),
     reference_dtype: Optional[str] = reference_dtype_option(),
     eval_tasks: Optional[str] = eval_option(),
+    eval_limit: Optional[int] = eval_limit_option(),
     json_out: bool = json_option(),
 ):
     """Probe many models, each in its own process: resumable, parallel, sharded across machines."""
@@ -252,7 +259,7 @@ def sweep_command(
     request = SweepRequest(
         models=chosen, out=out, probe=ProbeRequest(model="", device=device, backend=backend, dtype=dtype, new_tokens=new_tokens, judge=judge, reference=not no_reference,
                              reference_cache=reference_cache_setting(reference_cache, no_reference_cache), reference_dtype=reference_dtype,
-                             eval_tasks=evals),
+                             eval_tasks=evals, eval_limit=eval_limit),
         workers=workers, timeout=timeout, memory_limit_bytes=_gib(memory_limit_gb),
         force=force, executor=executor, cache_dir=cache_dir, max_devices=max_devices, devices=devices,
         device_memory_bytes=_gib(device_memory_gb), progress=not json_out,

@@ -31,12 +31,13 @@ from assay.core.numerics import tolerance
 BOTH = ("assay_cloze", "assay_next_sentence")
 
 
-def _cached_reference(plan, task: str) -> dict:
-    """The reference's per-item scores of one task, as the probe stored them in the reference cache."""
+def _cached_reference(plan, task: str, limit: int | None = None) -> dict | None:
+    """The reference's per-item scores of one task (its first `limit` documents), as the probe stored them
+    in the reference cache; None when it holds none."""
     from assay.compat.eval import recipe as eval_recipe
     from assay.compat.probe.reference_cache import ReferenceCache, default_root, eval_reference_key
 
-    sha = eval_recipe.task_content_sha256(eval_recipe.load_task(TASKS_DIR / f"{task}.yaml"))
+    sha = eval_recipe.task_content_sha256(eval_recipe.load_task(TASKS_DIR / f"{task}.yaml"), limit)
     return ReferenceCache(default_root()).load_eval(eval_reference_key(plan, sha, "float32"))
 
 
@@ -116,7 +117,7 @@ def test_schema_4_files_still_read_with_the_eval_columns_null(tmp_path):
     write_row(tmp_path, row | {"stack_id": "cpu-eager-v5", "eval_tasks": ["assay_cloze"], "eval_status": "DISAGREE", "eval_agreement_min": 0.5})
     rows = {r["stack_id"]: r for r in query(tmp_path)}
     assert rows["cpu-eager-v4"]["schema_version"] == 4 and rows["cpu-eager-v4"]["eval_status"] is None
-    assert rows["cpu-eager-v5"]["schema_version"] == SCHEMA_VERSION == 6
+    assert rows["cpu-eager-v5"]["schema_version"] == SCHEMA_VERSION == 7
     [change] = diff_stacks(tmp_path, "v4", "v5").changes
     assert change.kind == "eval_regressed" and change.base_eval is None and change.new_eval == "DISAGREE 0.50"
 
@@ -159,9 +160,12 @@ def test_a_users_own_task_file_runs_offline_by_path(zoo_dir, tmp_path):
 
 @pytest.mark.slow
 def test_run_py_reproduces_the_eval_item_by_item_without_assay(zoo_dir, tmp_path):
-    request = ProbeRequest(str(zoo_dir / "qwen3-pretrained"), backend="aot_eager", new_tokens=4, eval_tasks=("assay_next_sentence",))
+    # With --eval-limit 30: the row, its command and its run.py score the task's first 30 documents.
+    request = ProbeRequest(str(zoo_dir / "qwen3-pretrained"), backend="aot_eager", new_tokens=4, eval_tasks=("assay_next_sentence",),
+                           eval_limit=30)
     row = probe_and_record(request, tmp_path / "results")
     [stored] = query(tmp_path / "results")
+    assert stored["eval_limit"] == 30 and stored["eval_items"] == [30] and "--eval-limit 30" in stored["command"]
     assert "import assay" not in stored["run_py"] and "from assay" not in stored["run_py"] and "EVAL_FILES" in stored["run_py"]
     script = tmp_path / "run.py"
     script.write_text(stored["run_py"])
@@ -170,10 +174,11 @@ def test_run_py_reproduces_the_eval_item_by_item_without_assay(zoo_dir, tmp_path
     printed = json.loads(result.stdout.strip().splitlines()[-1])
     assert printed["tokens"] == row["generated_tokens"]
     rerun = printed["eval"]["assay_next_sentence"]
-    assert rerun["accuracy"] == row["eval_accuracy"][0]
-    # The probe agreed with the reference item by item, so the rerun's answers are the reference's.
-    reference = _cached_reference(plan_probe(request), "assay_next_sentence")
-    assert rerun["chosen"] == [item["chosen"] for item in reference["items"]]
+    assert rerun["accuracy"] == row["eval_accuracy"][0] and len(rerun["chosen"]) == 30
+    # The probe agreed with the reference item by item, so the rerun's answers are the reference's (cached
+    # under the first 30 documents' hash: a limited reference never answers for the whole task).
+    reference = _cached_reference(plan_probe(request), "assay_next_sentence", limit=30)
+    assert len(reference["items"]) == 30 and rerun["chosen"] == [item["chosen"] for item in reference["items"]]
 
 
 @pytest.mark.parametrize("value, message", [
@@ -190,6 +195,17 @@ def test_bad_eval_tasks_are_one_line_and_exit_2_before_anything_is_written(zoo_d
     result = assay_cli("probe", str(zoo_dir / "qwen3"), "--eval", value, "--out", str(tmp_path / "results"), cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--eval-limit", "5"], "--eval-limit needs --eval"),
+    (["--eval", "assay_cloze", "--eval-limit", "0"], "--eval-limit must be at least 1"),
+])
+def test_a_bad_eval_limit_is_one_line_and_exit_2(zoo_dir, tmp_path, assay_cli, args, message):
+    for command in ("probe", "sweep"):
+        result = assay_cli(command, str(zoo_dir / "qwen3"), *args, "--out", str(tmp_path / "results"), cwd=tmp_path)
+        assert result.returncode == 2 and message in result.stderr, (command, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "results").exists()
 
 
 def test_the_embedded_tasks_are_a_hundred_checked_items_each_shipped_as_package_data():
@@ -239,5 +255,9 @@ def test_a_sweep_scores_the_tasks_and_probes_again_a_row_that_lacks_one(zoo_dir,
     assert json.loads(evaluated.stdout)["phases"]["eval_s"] == row["eval_s"] > 0
     again = json.loads(assay_cli("sweep", *args, "--eval", "assay_cloze", timeout=900).stdout)
     assert again["rows"] == [] and again["skipped_existing"] == ["assay-zoo/gpt2"]
+    # The same task over other documents (--eval-limit) is not the recorded row's eval: probed again.
+    limited = json.loads(assay_cli("sweep", *args, "--eval", "assay_cloze", "--eval-limit", "10", timeout=900).stdout)
+    [row] = limited["rows"]
+    assert row["eval_limit"] == 10 and row["eval_items"] == [10] and row["eval_status"] == "AGREE", row["eval_reason"]
     [stored] = query(tmp_path)
     assert stored["eval_agreement"] == [1.0] and stored["schema_version"] == SCHEMA_VERSION

@@ -104,16 +104,18 @@ def task_name(loaded):
     return next(iter(loaded["tasks"]))
 
 
-def task_content_sha256(loaded):
-    """What the model is asked: the task's configuration and every document it scores, hashed."""
+def task_content_sha256(loaded, limit=None):
+    """What the model is asked: the task's configuration and every document it scores (the first `limit`
+    with a limit), hashed."""
     task = next(iter(loaded["tasks"].values()))
     config = json.dumps(task.dump_config(), sort_keys=True, default=str)
-    documents = json.dumps(list(task.eval_docs), sort_keys=True, default=str)
+    documents = json.dumps(list(task.eval_docs)[:limit], sort_keys=True, default=str)
     return hashlib.sha256((config + "\n" + documents).encode()).hexdigest()
 
 
-def score(lm, loaded, progress=None):
-    """Run one loaded task; its items in document order, each {"doc", "logliks", "chosen", "correct"}.
+def score(lm, loaded, progress=None, limit=None):
+    """Run one loaded task (its first `limit` documents, lm-eval's --limit; None: all); its items in
+    document order, each {"doc", "logliks", "chosen", "correct"}.
 
     logliks: the log-likelihood of each choice (a cloze: of its one target). chosen: the index of the
     most likely choice, or for a cloze 1 when the target is the model's greedy continuation, else 0.
@@ -124,10 +126,11 @@ def score(lm, loaded, progress=None):
 
     name = task_name(loaded)
     documents = len(next(iter(loaded["tasks"].values())).eval_docs)
+    documents = documents if limit is None else min(documents, limit)
     if progress is not None:
         lm.on_progress = lambda done, total: progress(name, done * documents // total, documents)
     start = time.perf_counter()
-    results = evaluate(lm, loaded, log_samples=True, bootstrap_iters=0)
+    results = evaluate(lm, loaded, limit=limit, log_samples=True, bootstrap_iters=0)
     lm.on_progress = None
     if progress is not None:
         progress(name, documents, documents)
@@ -158,15 +161,15 @@ def model_max_length(model, default=2048):
     return default
 
 
-def score_tasks(model, tokenizer_path, task_paths, forward=None, progress=None):
+def score_tasks(model, tokenizer_path, task_paths, forward=None, progress=None, limit=None):
     """Each task of `task_paths` scored with `model`: a list of score()'s dicts (None on ranks other
     than 0), and the padded shapes that ran. forward: the model compiled (compiled_forward), or None to
     run it eager (the reference). Reaching dynamo's recompile limit is an error, never a silent fall back
-    to eager that would score the model without the compiler under test. progress: as score()'s."""
+    to eager that would score the model without the compiler under test. progress and limit: as score()'s."""
     from transformers import AutoTokenizer
 
     shaped = FixedShapeForward(forward if forward is not None else model, model_max_length(model))
     lm = make_lm(model, AutoTokenizer.from_pretrained(tokenizer_path), shaped)
     with torch.compiler.config.patch(fail_on_recompile_limit_hit=True):
-        scores = [score(lm, load_task(path), progress) for path in task_paths]
+        scores = [score(lm, load_task(path), progress, limit) for path in task_paths]
     return scores, sorted(shaped.shapes)

@@ -35,21 +35,22 @@ def reference_dtype(plan: ProbePlan) -> str:
 
 def score_on_device(plan: ProbePlan, model) -> dict:
     """The device's scores with the probe's model compiled by its backend (score_compiled)."""
-    return score_compiled(model, plan.ref.load_path, plan.backend, [str(task_file(spec)) for spec in plan.request.eval_tasks])
+    return score_compiled(model, plan.ref.load_path, plan.backend, [str(task_file(spec)) for spec in plan.request.eval_tasks],
+                          plan.request.eval_limit)
 
 
-def score_compiled(model, load_path: str, backend: str, task_paths: list[str]) -> dict:
+def score_compiled(model, load_path: str, backend: str, task_paths: list[str], limit: int | None = None) -> dict:
     """Score the tasks with `model`'s forward compiled by `backend`; a failure is returned, not raised.
 
     {"scores": [...], "graphs", "recompiles", "shapes", "seconds"} or {"failure": [status, reason, traceback]}.
-    Runs on every rank of a sharded probe.
+    Runs on every rank of a sharded probe. limit: each task's first documents only (--eval-limit).
     """
     stats = CompileStats()
     start = time.perf_counter()
     try:
         with watch(stats):
             forward = eval_recipe.compiled_forward(model, counting_backend(backend, stats))
-            scores, shapes = eval_recipe.score_tasks(model, load_path, task_paths, forward, stages.items_callback("device"))
+            scores, shapes = eval_recipe.score_tasks(model, load_path, task_paths, forward, stages.items_callback("device"), limit)
     except Exception as exc:  # the device failed the eval: a result of the row, not a crash of the probe
         return {"failure": [classify_exception(exc, "run"), one_line(exc), traceback.format_exc()]}
     return {"scores": scores, "graphs": stats.graphs, "recompiles": stats.recompiles, "shapes": [list(s) for s in shapes],
@@ -76,14 +77,16 @@ def reference_scores(plan: ProbePlan, cpu_model=None) -> tuple[list[dict], list[
         if cache is not None:
             from assay.compat.probe.reference_cache import eval_reference_key
 
-            key = eval_reference_key(plan, eval_recipe.task_content_sha256(eval_recipe.load_task(task_file(spec))), dtype)
+            content = eval_recipe.task_content_sha256(eval_recipe.load_task(task_file(spec)), plan.request.eval_limit)
+            key = eval_reference_key(plan, content, dtype)
         cached = cache.load_eval(key) if key is not None else None
         if key is not None:
             hits.append(cached is not None)
         if cached is None:
             if model is None:
                 model = recipe.load_model(plan.ref.load_path, plan.task, "cpu", dtype)
-            [cached], _ = eval_recipe.score_tasks(model, plan.ref.load_path, [task_file(spec)], progress=stages.items_callback("reference"))
+            [cached], _ = eval_recipe.score_tasks(model, plan.ref.load_path, [task_file(spec)], progress=stages.items_callback("reference"),
+                                                  limit=plan.request.eval_limit)
             if key is not None:
                 cache.store_eval(key, cached, plan.ref.name)
         scores.append(cached)
@@ -97,6 +100,7 @@ def record_eval(plan: ProbePlan, row: dict, device: dict, cpu_model=None, with_r
     --no-reference: no single-device run is affordable) the row gets the device's accuracy alone."""
     start = time.perf_counter()
     row["eval_tasks"] = task_names(plan.request.eval_tasks)
+    row["eval_limit"] = plan.request.eval_limit
     row["eval_reference_dtype"] = reference_dtype(plan)
     if "failure" in device:
         status, reason, error = device["failure"]
@@ -119,4 +123,4 @@ def record_eval(plan: ProbePlan, row: dict, device: dict, cpu_model=None, with_r
 
 def not_run(plan: ProbePlan, row: dict, why: str) -> None:
     """The eval was asked for, but the probe failed before it could run."""
-    row.update(eval_tasks=task_names(plan.request.eval_tasks), eval_reason=f"not run: {why}")
+    row.update(eval_tasks=task_names(plan.request.eval_tasks), eval_limit=plan.request.eval_limit, eval_reason=f"not run: {why}")

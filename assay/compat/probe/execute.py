@@ -135,7 +135,7 @@ def _execute_sharded(plan: ProbePlan, row: dict, finish) -> dict:
     report = recipe.launch(
         probe_rank, request.devices, plan.device.type,
         args=(plan.ref.load_path, plan.task, plan.device.type, request.dtype, row["parallelism"], request.devices, plan.backend, request.new_tokens,
-              eval_paths),
+              eval_paths, request.eval_limit),
     )
     for key in ("load_s", "compile_s", "decode_tokens_per_s", "prompt_tokens", "peak_memory_bytes", "memory_kind"):
         row[key] = report.get(key)

@@ -69,6 +69,7 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
         model_path=ref.load_path, task=task, device=str(device), dtype=request.dtype, backend=backend,
         new_tokens=request.new_tokens, stack_label=stack.label, stack_id=stack.stack_id,
         parallelism=parallelism, num_devices=request.devices, model_code=row["model_code"], eval_tasks=request.eval_tasks,
+        eval_limit=request.eval_limit,
     )
     row["command"] = (
         f"assay probe {request.model} --device {request.device} --backend {backend} --dtype {request.dtype} "
@@ -76,6 +77,7 @@ def plan_probe(request: ProbeRequest) -> ProbePlan:
         + (f" --devices {request.devices}" if request.devices > 1 else "")
         + (f" --judge {request.judge}" if request.judge else "")
         + (f" --eval {','.join(request.eval_tasks)}" if request.eval_tasks else "")
+        + (f" --eval-limit {request.eval_limit}" if request.eval_limit is not None else "")
         + " --out results/"
     )
     return ProbePlan(request, ref, task, device, backend, row)

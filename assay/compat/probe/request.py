@@ -40,6 +40,8 @@ class ProbeRequest:
     # lm-eval tasks to score on the device and on the CPU eager reference (evaluation.py): embedded task
     # names or absolute paths of lm-eval task YAML files, as eval_tasks.parse_eval_tasks resolved them.
     eval_tasks: tuple[str, ...] = ()
+    # Score only each task's first N documents (lm-eval's --limit); None: every document.
+    eval_limit: int | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,11 @@ def check_probe_request(request: ProbeRequest) -> ModelRef:
         raise AssayError(f"--reference-dtype {request.reference_dtype!r}: the reference runs in the probe's dtype or in float64")
     if request.devices < 1:
         raise AssayError("--devices must be at least 1")
+    if request.eval_limit is not None:
+        if not request.eval_tasks:
+            raise AssayError("--eval-limit needs --eval: it limits the documents each task scores")
+        if request.eval_limit < 1:
+            raise AssayError("--eval-limit must be at least 1")
     if request.parallelism not in PARALLELISMS:
         raise AssayError(f"unknown parallelism {request.parallelism!r} (auto, tensor or expert)")
     ref = resolve_model(request.model)

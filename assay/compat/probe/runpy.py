@@ -15,10 +15,11 @@ from assay.compat.probe import recipe
 def render_run_py(
     *, model_path: str, task: str, device: str, dtype: str, backend: str, new_tokens: int, stack_label: str, stack_id: str,
     parallelism: str = "single", num_devices: int = 1, model_code: str | None = None, eval_tasks: tuple[str, ...] = (),
+    eval_limit: int | None = None,
 ) -> str:
     """model_code: a module to import before loading (it registers a model_type Transformers lacks).
     eval_tasks: the probe's --eval tasks (embedded names or YAML paths): run.py scores them too, with
-    eval/recipe.py's source and the embedded tasks' files inside it."""
+    eval/recipe.py's source and the embedded tasks' files inside it; eval_limit: their first documents only."""
     recipe_source = inspect.getsource(recipe)
     header = (
         f'"""Reproduce an assay probe: greedy generation of {new_tokens} tokens with a static cache under\n'
@@ -60,7 +61,7 @@ if __name__ == "__main__":
     body = _code(recipe_source)
     if eval_tasks:
         body += "\n\n\n# ---- the eval (assay/compat/eval/recipe.py, verbatim)\n\n" + _code(inspect.getsource(eval_recipe))
-        main = main.replace("    __RESULT__", EVAL_CALL).replace("\n\nif __name__", _eval_block(eval_tasks) + "\n\nif __name__", 1)
+        main = main.replace("    __RESULT__", EVAL_CALL).replace("\n\nif __name__", _eval_block(eval_tasks, eval_limit) + "\n\nif __name__", 1)
     else:
         main = main.replace("__RESULT__", 'return {"tokens": tokens}')
     return header + "\n" + body.rstrip() + "\n" + main
@@ -73,19 +74,20 @@ def _code(source: str) -> str:
 
 # run() with --eval: the tasks scored with the model compiled by BACKEND, after the generation, as the probe did.
 EVAL_CALL = """\
-    scores, _ = score_tasks(model, MODEL, eval_task_files(), compiled_forward(model, BACKEND))
+    scores, _ = score_tasks(model, MODEL, eval_task_files(), compiled_forward(model, BACKEND), limit=EVAL_LIMIT)
     if scores[0] is None:  # a rank other than 0: it ran the same forwards, rank 0 reports
         return {}
     return {"tokens": tokens, "eval": {s["task"]: {"accuracy": s["accuracy"], "chosen": [i["chosen"] for i in s["items"]]} for s in scores}}"""
 
 
-def _eval_block(eval_tasks: tuple[str, ...]) -> str:
+def _eval_block(eval_tasks: tuple[str, ...], eval_limit: int | None) -> str:
     from assay.compat.eval.task_files import EMBEDDED, embedded_files, pack_files
 
     files = [f"{spec}.yaml" if spec in EMBEDDED else spec for spec in eval_tasks]
     return f'''
 # The --eval tasks: the embedded ones' files (YAML, items, loader) packed below, or the user's own YAML by path.
 EVAL_TASKS = {files!r}
+EVAL_LIMIT = {eval_limit!r}  # each task's first documents only (the probe's --eval-limit); None: all
 EVAL_FILES = """
 {pack_files(embedded_files(eval_tasks))}
 """

@@ -30,7 +30,7 @@ def _all_ok(ok: bool) -> bool:
 
 
 def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallelism: str, num_devices: int, backend: str, new_tokens: int,
-               eval_paths: list[str] = ()) -> dict:
+               eval_paths: list[str] = (), eval_limit: int | None = None) -> dict:
     """Runs on every rank; rank 0's dict is the report."""
     import torch.distributed as dist
 
@@ -69,7 +69,7 @@ def probe_rank(load_path: str, task: str, device_type: str, dtype: str, parallel
             except Exception as exc:
                 fail("compile" if "compile_s" not in report else "run", exc)
             if _all_ok(report["failure"] is None) and eval_paths:
-                report["eval"] = _score_tasks(model, load_path, backend, eval_paths)
+                report["eval"] = _score_tasks(model, load_path, backend, eval_paths, eval_limit)
     report["peak_memory_bytes"] = meter.peak_bytes
     report["memory_kind"] = meter.kind
     report["stats"] = stats.as_dict()
@@ -86,7 +86,7 @@ def _local(tensor):
     return full.detach().to("cpu", torch.float32)
 
 
-def _score_tasks(model, load_path: str, backend: str, eval_paths: list[str]) -> dict:
+def _score_tasks(model, load_path: str, backend: str, eval_paths: list[str], eval_limit: int | None) -> dict:
     from assay.compat.probe.evaluation import score_compiled
 
-    return score_compiled(model, load_path, backend, eval_paths)
+    return score_compiled(model, load_path, backend, eval_paths, eval_limit)

@@ -199,10 +199,12 @@ def recorded_keys(folder: str | Path, stack_id: str) -> set[tuple]:
     return set(recorded_evals(folder, stack_id))
 
 
-def recorded_evals(folder: str | Path, stack_id: str) -> dict[tuple, set[str]]:
-    """The keys recorded for a stack, each with the eval tasks its row scored (empty without --eval)."""
+def recorded_evals(folder: str | Path, stack_id: str) -> dict[tuple, set[tuple[str, int | None]]]:
+    """The keys recorded for a stack, each with the eval tasks its row scored, as (task, eval_limit)
+    pairs (empty without --eval; the limit None when every document was scored)."""
     path = stack_file(Path(folder), stack_id)
-    return {tuple(r[k] for k in ROW_KEY): set(r.get("eval_tasks") or ()) for r in read_stack_rows(path)}
+    return {tuple(r[k] for k in ROW_KEY): {(task, r.get("eval_limit")) for task in r.get("eval_tasks") or ()}
+            for r in read_stack_rows(path)}
 
 
 def clean_partial_writes(folder: str | Path) -> list[Path]:

@@ -29,9 +29,9 @@ EVAL_STATUSES = {
 }
 FAILURES = tuple(s for s in STATUSES if s.startswith("FAIL") or s in ("OOM", "TIMEOUT", "CRASH"))
 
-SCHEMA_VERSION = 6  # 2: cache_kind and model_code; 3: reference cache and per-phase times (reference_cache_hit, reference_s, trace_s, ...);
+SCHEMA_VERSION = 7  # 2: cache_kind and model_code; 3: reference cache and per-phase times (reference_cache_hit, reference_s, trace_s, ...);
 # 4: failure triage (logit_* drift, compile_reasons, repro_*: docs/triage.md); 5: task accuracy (eval_*: `--eval`);
-# 6: the tokens decoded (generated_text, reference_text)
+# 6: the tokens decoded (generated_text, reference_text); 7: eval_limit (`--eval-limit`)
 
 SCHEMA = pa.schema(
     [
@@ -112,6 +112,7 @@ SCHEMA = pa.schema(
         # order; device = the probe's device, backend and dtype; reference = CPU eager, float32 (or float64).
         pa.field("eval_tasks", pa.list_(pa.string())),  # lm-eval task names
         pa.field("eval_items", pa.list_(pa.int32())),
+        pa.field("eval_limit", pa.int32()),  # --eval-limit: each task's first N documents were scored (null: all of them)
         pa.field("eval_accuracy", pa.list_(pa.float64())),  # on the device
         pa.field("eval_reference_accuracy", pa.list_(pa.float64())),
         pa.field("eval_accuracy_diff", pa.list_(pa.float64())),  # device - reference

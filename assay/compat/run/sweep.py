@@ -51,7 +51,7 @@ def plan_sweep(request: SweepRequest) -> tuple[list[ProbePlan], list[str]]:
         if stack_id not in recorded:
             recorded[stack_id] = recorded_evals(request.out, stack_id)
         key = tuple(plan.row[k] for k in ROW_KEY)
-        # A recorded row is done unless --eval asks for a task it did not score.
+        # A recorded row is done unless --eval asks for a task it did not score (or scored over other documents).
         if key in recorded[stack_id] and not request.force and _evals_recorded(plan, recorded[stack_id][key]):
             already.append(plan.row["model"])
             continue
@@ -60,12 +60,13 @@ def plan_sweep(request: SweepRequest) -> tuple[list[ProbePlan], list[str]]:
     return plans, already
 
 
-def _evals_recorded(plan: ProbePlan, recorded: set[str]) -> bool:
+def _evals_recorded(plan: ProbePlan, recorded: set[tuple[str, int | None]]) -> bool:
+    """Every --eval task was scored by the recorded row, over the same documents (--eval-limit)."""
     if not plan.request.eval_tasks:
         return True
     from assay.compat.eval.task_files import task_names
 
-    return set(task_names(plan.request.eval_tasks)) <= recorded
+    return {(task, plan.request.eval_limit) for task in task_names(plan.request.eval_tasks)} <= recorded
 
 
 def _devices_for(plan: ProbePlan, request: SweepRequest, per_device_memory: int) -> int:
