@@ -10,9 +10,11 @@ the CPU. bench/serve/decode_gemm.py, one compiled decode step of SmolLM2-135M-In
   float32   0.45 0.26 0.33 0.55 1.13 1.05   at widths 1 2 4 8 16 32
   bfloat16  0.51 0.54 0.64 0.85 0.87 0.98
   int8      0.62 0.59 0.65 0.98 0.98 1.00   (--quantize int8: the template's weight-only int8 micro-kernel)
+On an Intel Xeon with AMX tiles (2 cores) the bfloat16 template uses AMX: 0.62 at width 8 and 0.77 at 32.
 
-  auto  the C++ template for widths up to CPP_MAX_WIDTH[weights] on an x86 CPU under inductor; the
-        library GEMM elsewhere (wider steps, other devices, other compilers)
+  auto  the C++ template for widths up to cpp_max_width(weights) on an x86 CPU under inductor (CPP_MAX_WIDTH,
+        or CPP_MAX_WIDTH_AMX on a CPU with AMX tiles); the library GEMM elsewhere (wider steps, other
+        devices, other compilers)
   cpp   the C++ template at every width (x86 CPU and inductor only)
   aten  the library GEMM at every width (inductor's default)
 
@@ -34,6 +36,9 @@ DECODE_GEMMS = ("auto", "cpp", "aten")
 # the library GEMM's step at 16) or too little faster to pay its compile and packed copy (bfloat16: 0.98x at 32;
 # int8 weights, serve/runner/quantize.py: 0.98x from 8 on).
 CPP_MAX_WIDTH = {"float32": 8, "bfloat16": 16, "int8": 4}
+# The same on a CPU with AMX tiles, where the template's bfloat16 micro-kernel runs on them: its step 0.77x the
+# library GEMM's (oneDNN) at width 32, where the AVX-512 CPU measured 0.98x. float32 and int8 do not use AMX.
+CPP_MAX_WIDTH_AMX = CPP_MAX_WIDTH | {"bfloat16": 32}
 # A width compiled through the template may add this many times the weights' bytes to the process (see
 # template_copy_bytes): `auto` gives a width the template only while that much memory is free.
 TEMPLATE_COPY_FACTOR = 3
@@ -56,12 +61,22 @@ def cpp_template_available(device_type: str, backend: str | None) -> bool:
     return backend == "inductor" and device_type == "cpu" and platform.machine().lower() in ("x86_64", "amd64")
 
 
+def cpp_max_width(dtype: str, amx: bool | None = None) -> int:
+    """The widest decode step `auto` gives the template for weights in `dtype`; amx: whether the CPU has AMX
+    tiles (None: this CPU's answer)."""
+    if amx is None:
+        import torch
+
+        amx = torch.cpu._is_amx_tile_supported()
+    return (CPP_MAX_WIDTH_AMX if amx else CPP_MAX_WIDTH).get(dtype, 0)
+
+
 def decode_gemm(choice: str, device_type: str, backend: str | None, width: int, dtype: str = "float32",
-                free_bytes: int | None = None, weight_bytes: int = 0) -> str:
+                free_bytes: int | None = None, weight_bytes: int = 0, amx: bool | None = None) -> str:
     """'cpp' or 'aten': the GEMM of the compiled decode graph of `width` rows with weights in `dtype`. AssayError
     when `choice` is cpp and the template cannot serve this device or compiler. free_bytes (the memory free
     now, None: unknown) and weight_bytes (the matmul weights'): `auto` keeps the library GEMM for a width
-    whose packed copy of the weights (TEMPLATE_COPY_FACTOR x weight_bytes) would not fit."""
+    whose packed copy of the weights (TEMPLATE_COPY_FACTOR x weight_bytes) would not fit. amx: as cpp_max_width's."""
     check_decode_gemm(choice)
     available = cpp_template_available(device_type, backend)
     if choice == "cpp" and not available:
@@ -72,7 +87,7 @@ def decode_gemm(choice: str, device_type: str, backend: str | None, width: int, 
     if choice == "cpp":
         return "cpp"
     fits = free_bytes is None or template_copy_bytes(weight_bytes) <= free_bytes
-    return "cpp" if width <= CPP_MAX_WIDTH.get(dtype, 0) and fits else "aten"
+    return "cpp" if width <= cpp_max_width(dtype, amx) and fits else "aten"
 
 
 def template_copy_bytes(weight_bytes: int) -> int:
@@ -87,5 +102,5 @@ def inductor_patches(gemm: str) -> dict:
     return dict(CPP_PATCHES) if gemm == "cpp" else {}
 
 
-__all__ = ["CPP_MAX_WIDTH", "DECODE_GEMMS", "TEMPLATE_COPY_FACTOR", "check_decode_gemm", "decode_gemm", "inductor_patches",
+__all__ = ["CPP_MAX_WIDTH", "CPP_MAX_WIDTH_AMX", "cpp_max_width", "DECODE_GEMMS", "TEMPLATE_COPY_FACTOR", "check_decode_gemm", "decode_gemm", "inductor_patches",
            "template_copy_bytes"]
