@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 # disk and unpacking); pytest starts once both are done.
 browser_pid=""
 browser_log=$(mktemp)
+trap 'rm -f "$browser_log"' EXIT
 if ! command -v chromium >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "test: installing Chromium with apt-get for the browser tests (in the background)" >&2
@@ -28,7 +29,6 @@ if [ -n "$browser_pid" ]; then
     tail -5 "$browser_log" >&2
   fi
 fi
-rm -f "$browser_log"
 # One pytest process keeps about one core busy (it waits on servers, subprocesses and HTTP round trips):
 # 3 pytest-xdist workers keep both cores of a 2-core machine busy. ASSAY_TEST_WORKERS=0 runs it in this process.
 workers="${ASSAY_TEST_WORKERS:-3}"
