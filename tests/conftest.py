@@ -28,6 +28,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every test uses local checkpoint
 # is unchanged.
 os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(16 * 2**20))
 os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(128 * 2**20))
+# torch's CPU allocator asks for transparent huge pages (madvise) for tensors of 2 MiB and more: one page fault per
+# 2 MiB instead of 512. Measured on the real-model training and probe tests: page faults 2.35M -> 1.23M, system
+# time 12.6 -> 9.9 s of 43 CPU-seconds. Values computed are unchanged; only how memory is mapped.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_user_cache(tmp_path_factory):

@@ -34,7 +34,7 @@ ZYGOTE = Path(__file__).with_name("cli_zygote.py")
 # Variables the interpreter, torch, Transformers or huggingface_hub read once, at start or import (the
 # zygote read them before the call): a call that changes one gets a real process.
 READ_AT_IMPORT = ("PYTHON", "LD_", "MALLOC", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "CUDA", "NCCL",
-                  "MKL", "KMP", "GOMP", "TOKENIZERS", "XDG_", "TRITON")
+                  "MKL", "KMP", "GOMP", "THP_", "TOKENIZERS", "XDG_", "TRITON")
 # Under those prefixes, but read when used: the child builds its sys.path from PYTHONPATH as the interpreter
 # does; torch reads TORCHINDUCTOR_CACHE_DIR at each compile (and sets it in the process that compiled first,
 # this one included); huggingface_hub reads HF_XET_HIGH_PERFORMANCE only to download (which datasets'
