@@ -32,7 +32,7 @@ fi
 # whole install 85 -> 61 s). About 2 MB, a second.
 if ! python -c 'import sys, pip; sys.exit(int(pip.__version__.split(".")[0]) < 26)' 2>/dev/null; then
   step "pip 26 or newer in .venv"
-  pip_install -q "pip>=26"
+  pip_install "pip>=26"
 fi
 # torch first, pinned: a bare `torch` (or any range admitting a newer release) would make pip fetch a
 # multi-GB CUDA build; torch==2.13.0 is the CPU build, and assay's own range accepts it.

@@ -52,16 +52,26 @@ def test_zoo_real_writes_the_same_folder_again_with_progress_and_a_summary(real_
         assert _sha256(tmp_path / "smollm2" / name) == _sha256(real_model_dir / name), name
 
 
-# The embedded tasks' first items: every item costs a compiled and an eager forward of 135M parameters, and
-# the README's run scores all 200 (one answer per item, the same claim). The copies run as a user's own tasks.
+# The embedded tasks' first items that fit in 64 tokens: every item costs a compiled and an eager forward of 135M
+# parameters, and each padded length one more full-model compile (the eval pads to 64, 128, ...; a longer item
+# would add a second graph of about 20 CPU-seconds). The README's run scores whole tasks (one answer per item, the
+# same claim). The copies run as a user's own tasks.
 EVAL_ITEMS = 30
+EVAL_TOKENS = 64
 
 
-def _task_heads(folder) -> tuple[str, ...]:
+def _fits(item: dict, tokenizer) -> bool:
+    """The item's longest request (its context and longest answer, as lm-eval joins them) is at most EVAL_TOKENS."""
+    answers = item["choices"] if "choices" in item else [item["target"]]
+    return max(len(tokenizer(item["context"] + " " + answer)["input_ids"]) for answer in answers) <= EVAL_TOKENS
+
+
+def _task_heads(folder, tokenizer) -> tuple[str, ...]:
     shutil.copy(TASKS_DIR / "data.py", folder / "data.py")
     paths = []
     for name in ("assay_cloze", "assay_next_sentence"):
-        lines = (TASKS_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()[:EVAL_ITEMS]
+        items = (TASKS_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+        lines = [line for line in items if _fits(json.loads(line), tokenizer)][:EVAL_ITEMS]
         (folder / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
         spec = (TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8")
         (folder / f"{name}_head.yaml").write_text(spec.replace(f"task: {name}\n", f"task: {name}_head\n"), encoding="utf-8")
@@ -71,8 +81,10 @@ def _task_heads(folder) -> tuple[str, ...]:
 
 @pytest.mark.inductor
 def test_converted_model_passes_the_probe_under_inductor_and_scores_the_tasks_as_the_reference(real_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
     row = probe(ProbeRequest(str(real_model_dir), backend="inductor", new_tokens=8, reference_cache=None,
-                             eval_tasks=_task_heads(tmp_path)))
+                             eval_tasks=_task_heads(tmp_path, AutoTokenizer.from_pretrained(real_model_dir))))
     assert row["task"] == "text-generation" and row["architecture"] == "LlamaForCausalLM"
     assert row["status"] == "PASS", (row["reason"], row["error"])
     assert row["graphs"] >= 1
