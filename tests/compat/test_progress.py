@@ -54,6 +54,7 @@ def test_probe_eval_counts_its_items_on_the_device_and_on_the_reference(zoo_dir,
         counts = [tuple(map(int, m.groups())) for m in re.finditer(rf"^eval assay_cloze \({side}\): (\d+)/(\d+) items$", result.stderr, re.M)]
         assert counts and counts[-1] == (100, 100), result.stderr[-2000:]
         assert [done for done, _ in counts] == sorted(done for done, _ in counts)  # a count never goes back
+    assert "\r" not in result.stderr and "it/s" not in result.stderr  # no bar of lm-eval's own redrawn between the counts
 
 
 @pytest.mark.slow

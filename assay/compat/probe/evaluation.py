@@ -10,6 +10,8 @@ lm_eval (tests/compat/test_eval.py checks).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
 import traceback
@@ -25,6 +27,21 @@ from assay.core.compiling import CompileStats, counting_backend, watch
 # lm-eval warns, for every model object it is handed, that arguments meant for a Hub id are ignored: here
 # that is the point (the probe's own model), so only its errors are shown.
 logging.getLogger("lm_eval").setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def _no_request_bar():
+    """lm-eval draws a tqdm bar of its own while it builds a task's requests, on stderr between the probe's own
+    item counts (stages.items_callback), redrawn with carriage returns even into a log: off while the probe
+    scores. (run.py keeps it: there it is the only progress shown.)"""
+    from lm_eval.api import task as lm_eval_task
+
+    original = lm_eval_task.tqdm
+    lm_eval_task.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        lm_eval_task.tqdm = original
 
 
 def reference_dtype(plan: ProbePlan) -> str:
@@ -48,7 +65,7 @@ def score_compiled(model, load_path: str, backend: str, task_paths: list[str], l
     stats = CompileStats()
     start = time.perf_counter()
     try:
-        with watch(stats):
+        with watch(stats), _no_request_bar():
             forward = eval_recipe.compiled_forward(model, counting_backend(backend, stats))
             scores, shapes = eval_recipe.score_tasks(model, load_path, task_paths, forward, stages.items_callback("device"), limit)
     except Exception as exc:  # the device failed the eval: a result of the row, not a crash of the probe
@@ -85,8 +102,9 @@ def reference_scores(plan: ProbePlan, cpu_model=None) -> tuple[list[dict], list[
         if cached is None:
             if model is None:
                 model = recipe.load_model(plan.ref.load_path, plan.task, "cpu", dtype)
-            [cached], _ = eval_recipe.score_tasks(model, plan.ref.load_path, [task_file(spec)], progress=stages.items_callback("reference"),
-                                                  limit=plan.request.eval_limit)
+            with _no_request_bar():
+                [cached], _ = eval_recipe.score_tasks(model, plan.ref.load_path, [task_file(spec)],
+                                                      progress=stages.items_callback("reference"), limit=plan.request.eval_limit)
             if key is not None:
                 cache.store_eval(key, cached, plan.ref.name)
         scores.append(cached)
