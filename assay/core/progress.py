@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+from types import ModuleType
 from typing import Callable, Iterator
 
 
@@ -27,3 +29,15 @@ def progress_bar(description: str, total: int, enabled: bool = True) -> Iterator
             bar.update(task, advance=1, label=label)
 
         yield advance
+
+
+@contextlib.contextmanager
+def library_bar_off(module: ModuleType) -> Iterator[None]:
+    """A library module's own tqdm bars (its module-level `tqdm`, called unconditionally, which no logging
+    setting reaches) switched off for the block, while our own progress is what the user sees."""
+    original = module.tqdm
+    module.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        module.tqdm = original

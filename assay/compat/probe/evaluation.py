@@ -10,8 +10,6 @@ lm_eval (tests/compat/test_eval.py checks).
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import time
 import traceback
@@ -22,6 +20,7 @@ from assay.compat.eval.compare import compare_task, device_only_columns, row_col
 from assay.compat.eval.task_files import task_file, task_names
 from assay.compat.probe.request import ProbePlan, classify_exception, one_line
 from assay.core.compiling import CompileStats, counting_backend, watch
+from assay.core.progress import library_bar_off
 
 
 # lm-eval warns, for every model object it is handed, that arguments meant for a Hub id are ignored: here
@@ -29,19 +28,13 @@ from assay.core.compiling import CompileStats, counting_backend, watch
 logging.getLogger("lm_eval").setLevel(logging.ERROR)
 
 
-@contextlib.contextmanager
 def _no_request_bar():
     """lm-eval draws a tqdm bar of its own while it builds a task's requests, on stderr between the probe's own
     item counts (stages.items_callback), redrawn with carriage returns even into a log: off while the probe
     scores. (run.py keeps it: there it is the only progress shown.)"""
     from lm_eval.api import task as lm_eval_task
 
-    original = lm_eval_task.tqdm
-    lm_eval_task.tqdm = functools.partial(original, disable=True)
-    try:
-        yield
-    finally:
-        lm_eval_task.tqdm = original
+    return library_bar_off(lm_eval_task)
 
 
 def reference_dtype(plan: ProbePlan) -> str:
