@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -90,6 +90,40 @@ def counting_backend(backend: str, stats: CompileStats, config_patches: dict | N
 
     backend_fn.__name__ = f"counted_{backend}"
     return backend_fn
+
+
+def timed_call(call: Callable[[], Any], stats: CompileStats, device) -> tuple[Any, bool, float, float]:
+    """call() under no_grad, the device synchronised around it: (its result, whether it compiled a graph (counted
+    in `stats`), dynamo's compile seconds inside it, the call's seconds). The compile time is dynamo's own timer
+    (`_compile.compile_inner`), clamped to the call, which contains it."""
+    from time import perf_counter
+
+    from torch._dynamo.utils import compilation_time_metrics
+
+    from assay.core.device import synchronize
+
+    graphs_before = stats.graphs
+    compile_before = sum(compilation_time_metrics.get("_compile.compile_inner", []))
+    synchronize(device)
+    start = perf_counter()
+    with torch.no_grad(), watch(stats):
+        result = call()
+    synchronize(device)
+    seconds = perf_counter() - start
+    compiled = stats.graphs > graphs_before
+    compile_s = 0.0
+    if compiled:
+        compile_s = min(max(0.0, sum(compilation_time_metrics.get("_compile.compile_inner", [])) - compile_before), seconds)
+    return result, compiled, compile_s, seconds
+
+
+def fresh_function(fn: Callable) -> Callable:
+    """A copy of `fn` with its own code object. Dynamo keeps compiled graphs per code object, so each caller
+    that compiles a copy gets its own cache: its compile count starts at zero and two engines in one process
+    (tests, a benchmark's modes) never share or evict each other's graphs."""
+    import types
+
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def compile_fn(fn: Callable, backend: str, stats: CompileStats | None = None, mode: str | None = None, **kwargs) -> Callable:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from assay.models.common.feed_forward import GroupedExperts
 from assay.models.common.kv_cache import LIVE_GRAIN  # an eager KV decode's view of the pool grows in steps of this
 from assay.models.memory import kv_cache_bytes_per_sequence, linear_state_bytes_per_sequence
 
@@ -92,6 +93,10 @@ class SlotModel(ABC):
     model_type: str = ""
     model: nn.Module
 
+    # Whether prefill_batch traces as one graph with the rows and the length dynamic (a compiled engine then
+    # compiles it: serve/runner/compiled_prefill.py); otherwise a compiled engine prefills eagerly.
+    compiles_prefill = False
+
     def __init__(self, model: nn.Module, args: Any, model_type: str = ""):
         self.model, self.args, self.model_type = model, args, model_type
 
@@ -158,6 +163,8 @@ class StateSlotModel(SlotModel):
     """A FixedStateModel in the slot pool: its state tensors are the pool's buffers."""
 
     model: FixedStateModel
+    # Not compiled: GLA's chunked recurrence (both of its forms, a torch.cond) with a dynamic length took 137-165 s
+    # to trace per graph under aot_eager on 2 cores, and four graphs would be needed.
 
     def pool_buffers(self, n_rows, dtype, max_len):
         # One buffer per state tensor (the model's state_shapes: per layer [H, K, V], then any conv states).
@@ -209,6 +216,12 @@ class KVCacheSlotModel(SlotModel):
     """A KVCacheModel in the slot pool: its keys and values are the pool's buffers (k, v, k, v, ...)."""
 
     model: KVCacheModel
+
+    @property
+    def compiles_prefill(self) -> bool:
+        # Dense models trace whole. A mixture of experts routes with a host sync per layer (GroupedExperts'
+        # counts.tolist()): graph breaks, and new graphs at new token counts (60 graphs for eight calls, measured).
+        return not any(isinstance(module, GroupedExperts) for module in self.model.modules())
 
     @classmethod
     def load(cls, spec, folder, device, max_len):

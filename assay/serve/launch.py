@@ -79,10 +79,15 @@ def serve(request: ServeRequest, announce=print) -> None:
     slots = f"{config.max_seqs} slots" + (f" of {stats.memory.max_len} positions" if stats.memory.max_len else "")
     # Eager: how to get the compiled bucket mode; compiled: what compiling cost.
     compiled = (f"eager; --compile for the {decode_mode(replace(config, eager=False))}" if config.eager
-                else f"{config.mode}, {stats.warmup_compiles} widths compiled in {stats.warmup_s:.1f} s")
+                else f"{config.mode}, {stats.warmup_compiles} widths{prefill_graphs(stats)} compiled in {stats.warmup_s:.1f} s")
     announce(f"serving {model_name} ({stats.model_type}, {weights_dtype(engine.slot_model)}, {slots}, {compiled}) at {server_url(sock)}")
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
     announce("stopped")
+
+
+def prefill_graphs(stats) -> str:
+    """What the announcement says of the prefill's graphs compiled at warm-up (a dense KV model's; none: nothing)."""
+    return f" and the prefill's {stats.prefill_warmup_compiles} graphs" if stats.prefill_warmup_compiles else ""

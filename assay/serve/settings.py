@@ -25,7 +25,7 @@ class ServeRequest(EngineConfig):
     # before the first request: a plain `assay serve` there decodes eager and is ready in seconds.
     compile: bool = setting(False, "--compile", "compile the decode step at every bucket width before serving: the default on an "
                                                 "accelerator; on a CPU the default is eager (ready in seconds) unless --backend, "
-                                                "--buckets, --no-buckets or --decode-gemm is given")
+                                                "--buckets, --no-buckets, --decode-gemm or --compile-prefill is given")
     host: str = setting("127.0.0.1", "--host", "address to listen on (0.0.0.0 for every interface)")
     port: int = setting(8000, "--port", "port to listen on (0: a free port, printed)")
     served_model_name: Optional[str] = setting(None, "--served-model-name", "the name clients pass as model (default: the folder name)")
@@ -49,8 +49,10 @@ class ServeRequest(EngineConfig):
 
 
     def names_compiling(self) -> bool:
-        """Whether a setting only a compiled decode reads was given (--backend, --buckets, --no-buckets, --decode-gemm)."""
-        return self.backend != _DEFAULT_BACKEND or self.buckets != AUTO_BUCKETS or self.no_buckets or self.decode_gemm != _DEFAULT_GEMM
+        """Whether a setting only a compiled engine reads was given (--backend, --buckets, --no-buckets, --decode-gemm,
+        --compile-prefill)."""
+        return (self.backend != _DEFAULT_BACKEND or self.buckets != AUTO_BUCKETS or self.no_buckets or self.decode_gemm != _DEFAULT_GEMM
+                or self.compile_prefill)
 
 
 _DEFAULT_BACKEND = EngineConfig.__dataclass_fields__["backend"].default

@@ -1,12 +1,13 @@
 """Serving speed on the real SmolLM2-135M-Instruct: assay's engine against Transformers' batched `generate`
 and against the floor this run's machine sets (issue #29, Speed).
 
-    python bench/serve/speed.py [--quick] [--modes eager,buckets] [--dtypes float32,bfloat16]
+    python bench/serve/speed.py [--quick] [--modes eager,buckets,compiled-prefill] [--dtypes float32,bfloat16]
         -> bench/results/serve_speed.json, bench/results/serve_speed.png, a table of targets met / missed
 
 One wave = N sequences x --prompt-tokens prompt tokens x --max-tokens new tokens, greedy, all submitted at
 once, timed from submission to the last token (assay: one engine per (dtype, width, mode), warmed up before
-the clock, so a compiled mode's warm-up is not in it; Transformers: `generate` on the same [N, P] prompts,
+the clock, so a compiled mode's warm-up is not in it: eager, buckets (inductor, the decode compiled per width) and
+compiled-prefill (buckets with --compile-prefill, the prefill compiled too); Transformers: `generate` on the same [N, P] prompts,
 min_new_tokens = max_new_tokens). Rounds are interleaved: each round runs every cell once, so a change in
 the machine's load hits every cell alike.
 
@@ -45,7 +46,7 @@ from assay.core.metrics import (
     save_figure,
 )
 from assay.core.output import print_table
-from bench.common import RESULTS, matmul_floor, read_rate
+from bench.common import RESULTS, machine, matmul_floor, read_rate
 
 VS_TRANSFORMERS, VS_FLOOR, DECODE_VS_STEP_FLOOR = 1.1, 0.85, 0.60
 
@@ -94,16 +95,19 @@ def prompts_for(tokenizer, n: int, length: int, seed: int) -> list[list[int]]:
 def assay_engine(slot_model, folder: Path, mode: str, n: int, prompt: int, new: int):
     from assay.serve import Engine, EngineConfig
 
+    # compiled-prefill: the bucket mode with --compile-prefill (the prefill's graphs warmed up too).
     config = EngineConfig(max_seqs=n, buckets=(n,), eager=mode == "eager", max_waiting=n, max_prompt_tokens=prompt,
-                          max_new_tokens=new, max_len=prompt + new)
+                          max_new_tokens=new, max_len=prompt + new, compile_prefill=mode == "compiled-prefill")
     engine = Engine(slot_model, config, tokenizer_dir=folder)
     engine.warm_up()
     return engine
 
 
 def assay_wave(engine, prompts: list[list[int]], new: int, tag: str) -> dict:
-    """One wave through the engine: wall seconds, tokens per sequence, the full-width decode steps' seconds."""
-    steps_before = engine.stats().decode_steps
+    """One wave through the engine: wall seconds, tokens per sequence, the full-width decode steps' seconds, the
+    prefill calls' seconds (compiled under buckets for a dense KV model: serve/runner/compiled_prefill.py)."""
+    before = engine.stats()
+    steps_before, prefill_before = before.decode_steps, before.prefill_s
     tokens: dict[str, list[int]] = {f"{tag}-{i}": [] for i in range(len(prompts))}
     start = time.perf_counter()
     for (request_id, _), prompt in zip(tokens.items(), prompts):
@@ -117,7 +121,8 @@ def assay_wave(engine, prompts: list[list[int]], new: int, tag: str) -> dict:
     new_steps = stats.decode_steps - steps_before
     records = list(stats.steps)[-new_steps:] if new_steps else []
     full = [r.step_s for r in records if r.running == len(prompts) and not r.compiled]
-    return {"wall_s": wall, "tokens": list(tokens.values()), "decode_steps_s": full}
+    return {"wall_s": wall, "tokens": list(tokens.values()), "decode_steps_s": full, "prefill_s": stats.prefill_s - prefill_before,
+            "prefill_compiled": stats.prefill_compiled_calls > before.prefill_compiled_calls}
 
 
 def transformers_wave(model, prompts: list[list[int]], new: int, pad_id: int) -> dict:
@@ -211,7 +216,9 @@ def summarise(args, facts, cells, slot_models, rates) -> dict:
             "wave_s": [w["wall_s"] for w in waves], "transformers_wave_s": [w["wall_s"] for w in hf_waves],
             "decode_step_s_median": statistics.median(steps) if steps else None, "floor": floor | {"step_s": None, "step_s_mean": step_floor},
             "warmup_s": cell["warmup_s"], "sequences_equal_to_transformers": f"{same}/{n}",
+            "prefill_s_median": statistics.median(w["prefill_s"] for w in waves), "prefill_compiled": waves[-1]["prefill_compiled"],
         }
+        row["prefill_vs_floor"] = floor["prefill_s"] / row["prefill_s_median"]
         row["met"] = {"vs_transformers": row["vs_transformers"] >= VS_TRANSFORMERS, "vs_floor": row["vs_floor"] >= VS_FLOOR}
         if n == widest:
             row["met"]["decode_vs_step_floor"] = bool(decode_tps) and row["decode_vs_step_floor"] >= DECODE_VS_STEP_FLOOR
@@ -221,7 +228,7 @@ def summarise(args, facts, cells, slot_models, rates) -> dict:
     for row, cell in misses[: args.profiles]:
         row["profile_top_ops"] = profile_wave(cell["engine"], row["sequences"], args)
     return {"rows": rows, "rates": rates, "model_facts": facts, "settings": {k: v for k, v in vars(args).items() if k != "out"},
-            "threads": torch.get_num_threads(), "loadavg": os.getloadavg(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "loadavg": os.getloadavg(), "torch": torch.__version__, "machine": machine(),
             "targets": {"vs_transformers": VS_TRANSFORMERS, "vs_floor": VS_FLOOR, "decode_vs_step_floor": DECODE_VS_STEP_FLOOR}}
 
 
@@ -232,8 +239,8 @@ def profile_wave(engine, n: int, args) -> list[dict]:
 
 def plot(payload: dict, path: Path) -> None:
     rows = payload["rows"]
-    fig, axes = new_figure(ncols=2, size=(max(5.0, 1.1 * len(rows) + 2.5), 4.2))
-    wave_ax, decode_ax = axes[0]
+    fig, axes = new_figure(ncols=3, size=(max(4.5, 0.8 * len(rows) + 1.5), 4.2))
+    wave_ax, decode_ax, prefill_ax = axes[0]
     short = {"float32": "fp32", "bfloat16": "bf16"}
     labels = [f"{short.get(r['dtype'], r['dtype'])} x{r['sequences']}\n{r['mode']}" for r in rows]
     positions = list(range(len(rows)))
@@ -251,7 +258,16 @@ def plot(payload: dict, path: Path) -> None:
     decode_ax.set_ylabel("decode-only tokens/s")
     decode_ax.set_title("decode steps at full width")
     decode_ax.legend(fontsize=7)
-    for ax in (wave_ax, decode_ax):
+    prefill_ax.bar(positions, [r["prefill_s_median"] for r in rows], 0.5, label="assay prefill (compiled: hatched)", color="tab:blue",
+                   hatch=None)
+    for position, row in zip(positions, rows):
+        if row["prefill_compiled"]:
+            prefill_ax.bar([position], [row["prefill_s_median"]], 0.5, color="tab:blue", hatch="//", edgecolor="white")
+    prefill_ax.scatter(positions, [r["floor"]["prefill_s"] for r in rows], color="tab:gray", marker="_", s=300, label="matmul floor")
+    prefill_ax.set_ylabel("seconds of prefill calls per wave")
+    prefill_ax.set_title("the wave's prefill")
+    prefill_ax.legend(fontsize=7)
+    for ax in (wave_ax, decode_ax, prefill_ax):
         ax.set_xticks(positions)
         ax.set_xticklabels(labels, fontsize=7)
     save_figure(fig, path)
@@ -276,7 +292,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a converted SmolLM2 folder (default: the user cache, converted once)")
     parser.add_argument("--widths", default="8,32")
-    parser.add_argument("--modes", default="eager,buckets", help="engine modes: eager and/or buckets (inductor, warmed up)")
+    parser.add_argument("--modes", default="eager,buckets,compiled-prefill",
+                        help="engine modes: eager, buckets (inductor, warmed up), compiled-prefill (buckets with --compile-prefill)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="weights: float32 and/or bfloat16 (--dtype)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -298,9 +315,10 @@ def main() -> None:
     atomic_write_json(out, payload)
     plot(payload, out.with_suffix(".png"))
     print_table([{k: r[k] for k in ("dtype", "sequences", "mode", "tokens_per_s", "transformers_tokens_per_s", "vs_transformers",
-                                    "vs_floor", "decode_vs_step_floor", "sequences_equal_to_transformers")} for r in payload["rows"]],
+                                    "vs_floor", "decode_vs_step_floor", "prefill_s_median", "prefill_vs_floor",
+                                    "sequences_equal_to_transformers")} for r in payload["rows"]],
                 ["dtype", "sequences", "mode", "tokens_per_s", "transformers_tokens_per_s", "vs_transformers", "vs_floor",
-                 "decode_vs_step_floor", "sequences_equal_to_transformers"],
+                 "decode_vs_step_floor", "prefill_s_median", "prefill_vs_floor", "sequences_equal_to_transformers"],
                 title=f"serve speed (matmul {', '.join(f'{d} {r / 1e9:.0f}' for d, r in payload['rates']['matmul_flops'].items())} "
                       f"GFLOP/s, read {payload['rates']['read_bytes_per_s'] / 1e9:.1f} GB/s)")
     for row in payload["rows"]:

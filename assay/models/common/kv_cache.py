@@ -159,9 +159,16 @@ class KVCacheDecodingMixin:
         batch, seq_len = tokens.shape
         device = tokens.device
         lengths = torch.full((batch,), seq_len, device=device) if lengths is None else lengths.to(device)
-        starts = torch.zeros(batch, dtype=torch.int64, device=device) if start_positions is None else start_positions.to(device)
-        continuing = bool((starts > 0).any())
-        self._check_prefill(seq_len, lengths, starts, kv_cache)
+        compiling = torch.compiler.is_compiling()
+        if start_positions is None:  # every row fresh
+            starts, continuing = torch.zeros(batch, dtype=torch.int64, device=device), False
+        else:
+            # Compiled, a row's start is never read on the host (one graph serves every batch that continues):
+            # a fresh row takes the continuing path too, where it sees no cache entry.
+            starts = start_positions.to(device)
+            continuing = compiling or bool((starts > 0).any())
+        if not compiling:  # the compiled caller (serve's runner) checked the rows on the host
+            self._check_prefill(seq_len, lengths, starts, kv_cache)
         steps: dict[tuple, PrefillStep] = {}
         h = self.embed(tokens)
         for block, cache in zip(self.layers, kv_cache):

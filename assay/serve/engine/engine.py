@@ -55,7 +55,8 @@ class Engine:
         self._tokenizer = None
         dtype = state_dtype(config.state_dtype)
         max_len = config.slot_len()
-        self.runner = ModelRunner(slot_model, config.max_seqs, dtype, max_len, self.device, self.backend, config.check_eager, config.decode_gemm, config.quantize)
+        self.runner = ModelRunner(slot_model, config.max_seqs, dtype, max_len, self.device, self.backend, config.check_eager, config.decode_gemm, config.quantize,
+                                  config.compile_prefill)
         self.pool = self.runner.pool
         self._max_len = max_len if slot_model.uses_max_len() else None
 
@@ -123,15 +124,17 @@ class Engine:
         return self.runner.decoder.compile_stats
 
     def warm_up(self) -> None:
-        """Compile every bucket width now (padding rows only: the scratch slot), so serving never waits on the
-        compiler. A no-op under --eager and --no-buckets (there, widths compile when first seen)."""
+        """Compile every bucket width and the prefill's graphs now (padding rows only: the scratch slot), so serving
+        never waits on the compiler. A no-op under --eager and --no-buckets (there, graphs compile when first needed)."""
         if self.config.eager or self.config.buckets is None:
             return
         widths = warm_up_widths(self.config.buckets, self.config.max_seqs)
         start = now()
         compiles = self.runner.warm_up(widths)
+        prefill_compiles = self.runner.warm_up_prefill()
         self._stats.warmup_widths = widths
         self._stats.warmup_compiles += compiles
+        self._stats.prefill_warmup_compiles += prefill_compiles
         self._stats.warmup_s += now() - start
 
     # ---------------------------------------------------------------- requests
@@ -263,11 +266,7 @@ class Engine:
         all_logits = any(job.request.prompt_logprobs is not None for job, _ in rows)
         result = self.runner.prefill(inputs, all_logits)
         with self._lock:
-            stats = self._stats
-            stats.prefill_calls += 1
-            stats.prefill_s += result.seconds
-            stats.prefill_tokens += result.tokens
-            stats.prefill_padded_tokens += result.padded_tokens
+            self._stats.add_prefill(result)
         events: list[TokenEvent] = []
         for row, (job, chunk) in enumerate(rows):
             request = job.request
@@ -370,6 +369,7 @@ class Engine:
             return EngineTotals(
                 output_tokens=stats.output_tokens, decode_steps=stats.decode_steps, warmup_compiles=stats.warmup_compiles,
                 warmup_s=stats.warmup_s, compiles=len(stats.compiled), compile_s=sum(r.compile_s for r in stats.compiled),
+                prefill_warmup_compiles=stats.prefill_warmup_compiles, prefill_compiles=stats.prefill_compiles,
                 running=self._slot_holders(), waiting=len(self._waiting), free_slots=self.pool.num_free,
                 slots=self.config.max_seqs, state_bytes_per_sequence=stats.memory.state_bytes_per_sequence,
             )

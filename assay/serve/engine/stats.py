@@ -81,6 +81,8 @@ class EngineTotals:
     warmup_s: float
     compiles: int
     compile_s: float
+    prefill_warmup_compiles: int
+    prefill_compiles: int
     running: int
     waiting: int
     free_slots: int
@@ -127,6 +129,10 @@ class EngineStats:
     prefill_calls: int = 0  # batched prefill calls (at most one per step)
     prefill_tokens: int = 0  # prompt tokens prefilled
     prefill_padded_tokens: int = 0  # rows x width summed over the calls (padding included)
+    prefill_compiled_calls: int = 0  # calls that ran the compiled prefill (serve/runner/compiled_prefill.py)
+    prefill_warmup_compiles: int = 0  # its graphs compiled at warm-up
+    prefill_compiles: int = 0  # its graphs compiled while serving (a prompt waited on them)
+    prefill_compile_s: float = 0.0
     requests_added: int = 0
     output_tokens: int = 0
     finished: Counter = field(default_factory=Counter)
@@ -143,6 +149,17 @@ class EngineStats:
     tpot_observers: list[Callable[[float], None]] = field(default_factory=list, repr=False)
 
     # ---- recording (the engine calls these; add_step and request_* with its lock held) ----
+    def add_prefill(self, result) -> None:
+        """One prefill call (runner.PrefillResult)."""
+        self.prefill_calls += 1
+        self.prefill_s += result.seconds
+        self.prefill_tokens += result.tokens
+        self.prefill_padded_tokens += result.padded_tokens
+        self.prefill_compiled_calls += result.compiled_call
+        if result.compiled:  # a prompt waited on the compiler (no warm-up, or a shape it did not cover)
+            self.prefill_compiles += 1
+            self.prefill_compile_s += result.compile_s
+
     def add_step(self, record: StepRecord) -> None:
         self.decode_steps += 1
         self.decode_s += record.step_s
@@ -244,6 +261,10 @@ class EngineStats:
             "prefill_calls": self.prefill_calls,
             "prefill_tokens": self.prefill_tokens,
             "prefill_padding_fraction": (1 - self.prefill_tokens / self.prefill_padded_tokens) if self.prefill_padded_tokens else None,
+            "prefill_compiled_calls": self.prefill_compiled_calls,
+            "prefill_warmup_compiles": self.prefill_warmup_compiles,
+            "prefill_compiles": self.prefill_compiles,
+            "prefill_compile_s": self.prefill_compile_s,
             "requests": self.requests_added,
             "running_or_waiting": len(self.live),
             "finished": dict(self.finished),

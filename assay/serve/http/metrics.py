@@ -42,6 +42,11 @@ class _EngineCollector:
         compiles.add_metric(["warmup"], totals.warmup_compiles)
         compiles.add_metric(["serving"], totals.compiles)
         yield compiles
+        prefill = CounterMetricFamily("assay_prefill_compiles", "Prefill graph compilations (a compiled engine, a dense KV model): at "
+                                      "warm-up, and while serving (a prompt waited on them).", labels=["phase"])
+        prefill.add_metric(["warmup"], totals.prefill_warmup_compiles)
+        prefill.add_metric(["serving"], totals.prefill_compiles)
+        yield prefill
         seconds = CounterMetricFamily("assay_compile_seconds", "Seconds spent compiling: warm-up wall time, and dynamo's compile time while serving.",
                                       labels=["phase"])
         seconds.add_metric(["warmup"], totals.warmup_s)

@@ -10,24 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import types
-from time import perf_counter as now
 
 import torch
 
-from assay.core.compiling import CompileStats, compile_fn, watch
-from assay.core.device import free_memory_bytes, synchronize
+from assay.core.compiling import CompileStats, compile_fn, fresh_function, timed_call
+from assay.core.device import free_memory_bytes
 from assay.serve.runner.gemm import decode_gemm, inductor_patches, template_copy_bytes
 from assay.serve.runner.weights import SlotModel, matmul_weight_bytes, weights_dtype
 
 log = logging.getLogger("assay.serve")
-
-
-def _fresh_function(fn):
-    """A copy of `fn` with its own code object. Dynamo keeps compiled graphs per code object, so each
-    engine gets its own cache: its compile count starts at zero and two engines in one process (tests,
-    the benchmark's modes) never share or evict each other's graphs."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def _decode_call(slot_model: SlotModel, tokens, slot_ids, positions, buffers):
@@ -53,7 +44,7 @@ class CompiledDecode:
             self._decode = slot_model.decode
         else:
             # dynamic=False: every width is its own static graph, the behaviour the reference system measured.
-            self._decode = compile_fn(_fresh_function(_decode_call), backend, self.compile_stats, dynamic=False)
+            self._decode = compile_fn(fresh_function(_decode_call), backend, self.compile_stats, dynamic=False)
         # Without buckets every running count up to max_seqs may be a new graph; dynamo's default limit (8
         # per function) would silently fall back to eager past it.
         self._recompile_limit = max(64, max_seqs + 8)
@@ -83,21 +74,7 @@ class CompiledDecode:
 
     def timed(self, tokens, slot_ids, positions, buffers) -> tuple[torch.Tensor, bool, float, float]:
         """(logits, compiled?, compile_s, step_s) of one decode call."""
-        from torch._dynamo.utils import compilation_time_metrics
-
-        graphs_before = self.compile_stats.graphs
-        compile_before = sum(compilation_time_metrics.get("_compile.compile_inner", []))
-        synchronize(self.device)
-        start = now()
-        with torch.no_grad(), watch(self.compile_stats):
-            logits = self(tokens, slot_ids, positions, buffers)
-        synchronize(self.device)
-        step_s = now() - start
-        compiled = self.compile_stats.graphs > graphs_before
-        compile_s = 0.0
-        if compiled:  # dynamo's own timer; clamped to the step, which contains it
-            compile_s = min(max(0.0, sum(compilation_time_metrics.get("_compile.compile_inner", [])) - compile_before), step_s)
-        return logits, compiled, compile_s, step_s
+        return timed_call(lambda: self(tokens, slot_ids, positions, buffers), self.compile_stats, self.device)
 
     def warm_up(self, widths: list[int], scratch_slot: int, buffers) -> int:
         """Compile each width now on padding rows only (the scratch slot); the number of graphs compiled."""

@@ -14,9 +14,11 @@ from time import perf_counter as now
 import torch
 
 from assay.core.device import synchronize
+from assay.core.errors import AssayError
 from assay.core.numerics import max_abs_diff, rel_error
 from assay.models.slots import SlotModel
 from assay.serve.runner.compiled_decode import CompiledDecode
+from assay.serve.runner.compiled_prefill import MIN_LENGTH, CompiledPrefill
 from assay.serve.runner.pool import SlotPool
 from assay.serve.runner.quantize import quantize_slot_model
 from assay.serve.runner.sizing import check_pool_fits
@@ -46,6 +48,9 @@ class PrefillResult:
     seconds: float
     tokens: int  # real prompt tokens
     padded_tokens: int  # rows x the longest chunk
+    compiled_call: bool = False  # the call ran the compiled prefill (compiled_prefill.py)
+    compiled: bool = False  # this call compiled a new prefill graph
+    compile_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,8 @@ class ModelRunner:
     """A slot model, its pool (max_seqs slots + the scratch slot) and its decode step, eager or compiled."""
 
     def __init__(self, slot_model: SlotModel, max_seqs: int, pool_dtype: torch.dtype, max_len: int, device: torch.device,
-                 backend: str | None, check_eager: bool = False, decode_gemm: str = "auto", quantize: str | None = None):
+                 backend: str | None, check_eager: bool = False, decode_gemm: str = "auto", quantize: str | None = None,
+                 compile_prefill: bool = False):
         if quantize is not None:  # before the pool is sized and the decode step traced
             quantize_slot_model(slot_model, quantize, device)
         self.slot_model = slot_model
@@ -70,14 +76,25 @@ class ModelRunner:
         check_pool_fits(slot_model, max_seqs, pool_dtype, max_len, device)
         self.pool = SlotPool(slot_model.pool_buffers(max_seqs + 1, pool_dtype, max_len), max_seqs)
         self.decoder = CompiledDecode(slot_model, backend, max_seqs, device, decode_gemm)
+        # compile_prefill: a compiled engine compiles the prefill too, where the slot model's prefill traces whole.
+        compiled = compile_prefill and not self.eager and slot_model.compiles_prefill
+        self.prefiller = CompiledPrefill(slot_model, backend, device) if compiled else None
+        self.max_len = max_len
         self.check_eager = check_eager and not self.eager
 
     def warm_up(self, widths: list[int]) -> int:
         """Compile each width now on padding rows only; the number of graphs compiled."""
         return self.decoder.warm_up(widths, self.pool.scratch_slot, self.pool.buffers)
 
+    def warm_up_prefill(self) -> int:
+        """Compile the prefill's graphs now on padding rows only (none for an eager or uncompiled prefill)."""
+        return 0 if self.prefiller is None else self.prefiller.warm_up(self.pool.scratch_slot, self.pool.buffers, self.max_len)
+
     def prefill(self, rows: list[PrefillInput], all_logits: bool) -> PrefillResult:
-        """One prefill_batch call over the right-padded rows."""
+        """One prefill_batch call over the right-padded rows: compiled where the runner has a compiled prefill
+        (not for all_logits: prompt_logprobs' calls stay eager), eager otherwise."""
+        if self.prefiller is not None and not all_logits:
+            return self._compiled_prefill(rows)
         width = max(len(row.tokens) for row in rows)
         tokens = torch.zeros(len(rows), width, dtype=torch.int64)
         for index, row in enumerate(rows):
@@ -88,7 +105,7 @@ class ModelRunner:
         starts = torch.tensor([row.start for row in rows], dtype=torch.int64, device=device)
         synchronize(device)
         start = now()
-        # Only the positions the rows will hold after this call (the prefill runs uncompiled in every mode): a later
+        # Only the positions the rows will hold after this call (an eager prefill; a compiled one reads the pool): a later
         # chunk of a 2K prompt no longer gathers and attends over its whole slot (bench/serve/ttft.py).
         buffers = self.slot_model.live_buffers(self.pool.buffers, max(row.start + len(row.tokens) for row in rows))
         with torch.no_grad():
@@ -96,6 +113,25 @@ class ModelRunner:
                                                 start_positions=starts, all_logits=all_logits)
         synchronize(device)
         return PrefillResult(logits, now() - start, int(lengths.sum()), len(rows) * width)
+
+    def _compiled_prefill(self, rows: list[PrefillInput]) -> PrefillResult:
+        # The compiled graph reads the pool whole and never checks a row on the host: the checks happen here.
+        lengths_list = [len(row.tokens) for row in rows]
+        end = max(row.start + length for row, length in zip(rows, lengths_list))
+        if min(lengths_list) < 1 or end > self.max_len or min(row.start for row in rows) < 0:
+            raise AssayError(f"prefill rows need 1 token or more, start positions >= 0 and an end within the slot's "
+                             f"{self.max_len} positions (here: lengths {min(lengths_list)}..{max(lengths_list)}, end {end})")
+        width = max(MIN_LENGTH, *lengths_list)
+        tokens = torch.zeros(len(rows), width, dtype=torch.int64)
+        for index, row in enumerate(rows):
+            tokens[index, :len(row.tokens)] = torch.tensor(row.tokens, dtype=torch.int64)
+        device = self.device
+        slot_ids = torch.tensor([row.slot for row in rows], dtype=torch.int64, device=device)
+        lengths = torch.tensor(lengths_list, dtype=torch.int64, device=device)
+        continuing = any(row.start > 0 for row in rows)
+        starts = torch.tensor([row.start for row in rows], dtype=torch.int64, device=device) if continuing else None
+        logits, compiled, compile_s, seconds = self.prefiller.timed(tokens.to(device), slot_ids, lengths, starts, self.pool.buffers)
+        return PrefillResult(logits, seconds, sum(lengths_list), len(rows) * width, True, compiled, compile_s)
 
     def decode(self, rows: list[DecodeInput], width: int) -> DecodeResult:
         """One decode step of the rows padded to `width` with rows on the scratch slot (they touch no real slot)."""
