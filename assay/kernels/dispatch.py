@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import importlib
 import os
 from typing import Iterator, Mapping
 
@@ -45,8 +46,9 @@ def forced_impl() -> str | None:
 
 
 def triton_available() -> bool:
+    """Whether Triton imports here (an installed but broken one counts as absent)."""
     try:
-        import triton  # noqa: F401
+        importlib.import_module("triton")
     except ImportError:
         return False
     return True

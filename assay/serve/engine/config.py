@@ -37,7 +37,7 @@ class EngineConfig:
     decode_gemm: str = setting("auto", "--decode-gemm", f"the compiled decode's GEMM: {', '.join(DECODE_GEMMS)} (auto: inductor's C++ "
                                                         "template for widths up to 8 in float32, 16 in bfloat16, 4 with --quantize int8 on an x86 CPU, the library GEMM elsewhere)")
     # serve/runner/compiled_prefill.py: four graphs over dynamic rows and length, compiled at warm-up (SmolLM2 on 2
-    # CPU cores: about 270 s cold, beside 88 s for two decode widths); its calls take 0.72-0.84x the eager prefill's time.
+    # CPU cores: 240-270 s cold, beside 88 s for two decode widths); its calls take 0.72-0.84x the eager prefill's time.
     compile_prefill: bool = setting(False, "--compile-prefill", "also compile the prefill of a dense KV-cache model (4 graphs at warm-up, "
                                                                 "any rows and length): faster prompts, minutes more warm-up on a CPU")
     state_dtype: str = setting("float32", "--state-dtype", "dtype of each slot's state: float32 or bfloat16")

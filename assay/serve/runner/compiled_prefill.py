@@ -14,7 +14,7 @@ padded to two positions at least (a dimension of size 1 would be a fifth graph);
 (an uncompiled prefill reads only the positions its rows can hold: compiled, the pool keeps one shape).
 Prefill calls that return the logits at every position (prompt_logprobs) stay eager: rare, and a graph each.
 Measured on SmolLM2-135M-Instruct, 2 threads, inductor: the compiled call takes 0.72-0.84x the eager one's time
-at 1-32 rows of 128-256 tokens; compiling the four graphs took about 270 s cold on 2 cores (two decode widths:
+at 1-32 rows of 128-256 tokens; compiling the four graphs took 240-270 s cold on 2 cores (two decode widths:
 88 s), which is why it is opt-in (docs/serve.md, "Compiled prefill").
 
 Which slot models: those whose prefill_batch traces without a graph break (SlotModel.compiles_prefill).
