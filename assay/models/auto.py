@@ -3,9 +3,10 @@ way flash-linear-attention registers its models: AutoConfig.register and AutoMod
 
 `import assay` calls install(), which must stay light (`assay --help` never imports torch): when
 Transformers is not imported yet, install() adds an import hook that registers right after
-Transformers' auto modules load: the config when configuration_auto loads, the model (torch) when
-modeling_auto loads. A process that imports assay first and Transformers later, a zygote's forked
-probes, and a run.py that does `import assay` all find GLA.
+Transformers' auto modules load: the config when configuration_auto loads, the model when modeling_auto
+loads (a stand-in that imports the model class at its first from_pretrained / from_config: deferred_model).
+A process that imports assay first and Transformers later, a zygote's forked probes, and a run.py that does
+`import assay` all find GLA.
 """
 
 from __future__ import annotations
@@ -41,7 +42,38 @@ def register_models() -> None:
 
     register_configs()
     for config_path, model_path in AUTO_MODELS.values():
-        AutoModelForCausalLM.register(_attribute(config_path), _attribute(model_path), exist_ok=True)
+        model = _attribute(model_path) if _loaded(model_path) else deferred_model(config_path, model_path)
+        AutoModelForCausalLM.register(_attribute(config_path), model, exist_ok=True)
+
+
+def _loaded(path: str) -> bool:
+    return path.partition(":")[0] in sys.modules
+
+
+def deferred_model(config_path: str, model_path: str) -> type:
+    """What the Auto class holds for a model class not imported yet: a class of the same name whose
+    from_pretrained and _from_config (what AutoModelForCausalLM.from_pretrained / from_config call) import the
+    real one, register it in its place and hand over. Transformers imports its Auto model module whenever a
+    tokenizer loads; importing a PreTrainedModel there would put its modeling code (about 2 CPU-seconds) on
+    every process that only tokenizes or runs assay's native models."""
+    config_class = _attribute(config_path)
+
+    def real() -> type:
+        from transformers import AutoModelForCausalLM
+
+        model_class = _attribute(model_path)
+        AutoModelForCausalLM.register(config_class, model_class, exist_ok=True)
+        return model_class
+
+    def from_pretrained(cls, *args, **kwargs):
+        return real().from_pretrained(*args, **kwargs)
+
+    def _from_config(cls, config, **kwargs):
+        return real()._from_config(config, **kwargs)
+
+    module, _, name = model_path.partition(":")
+    return type(name, (), {"__module__": module, "__doc__": f"{name}, imported at its first use.", "config_class": config_class,
+                           "from_pretrained": classmethod(from_pretrained), "_from_config": classmethod(_from_config)})
 
 
 def model_code_for(model_type: str | None) -> str | None:

@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from assay.core.construct import default_device
 from assay.core.errors import AssayError
 from assay.core.files import atomic_path, atomic_write_json
 
@@ -153,7 +154,7 @@ def load_into_meta_model(
     under two keys (a tied embedding/output) is converted once; assign=True leaves them two Parameters,
     which the caller ties again (NativeDecoder.from_state_dict).
     """
-    with torch.device("meta"):
+    with default_device("meta"):
         model = model_cls(args)
     expected = model.state_dict()
     mismatched = [

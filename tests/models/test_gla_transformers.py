@@ -25,16 +25,27 @@ def _run(code: str) -> dict:
 
 @pytest.mark.slow
 def test_import_assay_registers_gla_lazily_in_a_fresh_process(zoo_dir):
+    # Loading a tokenizer makes Transformers import its Auto model module, where assay registers GLA: a stand-in
+    # that imports the model class (and Transformers' modeling code with it) at the first from_pretrained or
+    # from_config, and then registers the class itself.
     result = _run(f"""
 import json, sys
 import assay
 light = not any(name in sys.modules for name in ("torch", "transformers"))
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+AutoTokenizer.from_pretrained({str(zoo_dir / "gla")!r})
 config = AutoConfig.from_pretrained({str(zoo_dir / "gla")!r})
+registered = type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
+deferred = not any(name in sys.modules for name in ("assay.models.gla.hf_model", "transformers.modeling_utils"))
 model = AutoModelForCausalLM.from_pretrained({str(zoo_dir / "gla")!r})
-print(json.dumps({{"light": light, "config": type(config).__name__, "model": type(model).__module__ + "." + type(model).__name__}}))
+fresh = AutoModelForCausalLM.from_config(config)
+print(json.dumps({{"light": light, "registered": registered, "deferred": deferred, "config": type(config).__name__,
+                  "model": type(model).__module__ + "." + type(model).__name__, "from_config": type(fresh).__name__,
+                  "now_held": MODEL_FOR_CAUSAL_LM_MAPPING[type(config)] is type(model)}}))
 """)
-    assert result == {"light": True, "config": "GLAConfig", "model": "assay.models.gla.hf_model.GLAForCausalLM"}
+    assert result == {"light": True, "registered": True, "deferred": True, "config": "GLAConfig",
+                      "model": "assay.models.gla.hf_model.GLAForCausalLM", "from_config": "GLAForCausalLM", "now_held": True}
 
 
 @pytest.mark.slow

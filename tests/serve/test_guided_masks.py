@@ -68,6 +68,17 @@ def test_batched_fill_equals_one_row_at_a_time(setup):
         assert torch.equal(unpack_bits(masks.bitmask[row:row + 1])[0, :compiler.vocab_size], matcher.allowed_mask(compiler.vocab_size))
 
 
+@pytest.mark.parametrize("bitmask", [torch.zeros(1, 4, dtype=torch.int64), torch.zeros(2, 8, dtype=torch.int32)[:, ::2],
+                                     torch.zeros(4, dtype=torch.int32)], ids=["int64", "not-contiguous", "one-dimensional"])
+def test_a_bitmask_llguidance_cannot_write_through_is_refused_before_it_writes(setup, bitmask):
+    # llguidance writes through the tensor's data pointer: a wrong dtype or layout would be written past.
+    tokenizer, compiler = setup
+    before = bitmask.clone()
+    with pytest.raises(ValueError, match="contiguous int32 CPU matrix"):
+        advanced(compiler, tokenizer, "").fill(bitmask, 0)
+    assert torch.equal(bitmask, before)
+
+
 def test_start_fill_runs_on_the_worker_thread_and_gives_the_same_masks(setup):
     tokenizer, compiler = setup
     masks = TokenMasks(compiler.vocab_size, rows=2)

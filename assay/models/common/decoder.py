@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from assay.core.construct import default_device
 from assay.core.errors import AssayError
 from assay.models.common.feed_forward import GroupedExperts
 from assay.models.common.kv_cache import KVCacheDecodingMixin
@@ -59,7 +60,7 @@ class NativeDecoder(nn.Module):
     @classmethod
     def build(cls, args, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0, std: float = 0.02):
         """A randomly initialised model (on "meta": shapes only, for counting or parallelize-then-materialise)."""
-        with torch.device(device):
+        with default_device(device):
             model = cls(args)
         if torch.device(device).type != "meta":
             generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
@@ -132,7 +133,11 @@ class RotaryDecoder(KVCacheDecodingMixin, NativeDecoder):
         return torch.stack([cos for cos, _ in tables]), torch.stack([sin for _, sin in tables])
 
     def init_buffers(self) -> None:
-        cos, sin = self._rope_tables(None)
+        if self.tok_embeddings.weight.is_meta:  # shapes only (reset_buffers computes them where the weights land)
+            shape = (len(self.args.rope_tables()), self.args.max_seq_len, self.args.head_dim)
+            cos, sin = torch.empty(shape), torch.empty(shape)
+        else:
+            cos, sin = self._rope_tables(None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

@@ -19,10 +19,9 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
-import llguidance.torch
 import torch
 
-from assay.serve.guided.matcher import GuidedMatcher, bitmask_words, unpack_bits
+from assay.serve.guided.matcher import GuidedMatcher, bitmask_words, check_bitmask, unpack_bits
 
 
 class TokenMasks:
@@ -48,7 +47,10 @@ class TokenMasks:
         if len(rows) == 1:
             matchers[rows[0]].fill(self.bitmask, rows[0])
         else:
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, [(matchers[r].handle, r) for r in rows], self.bitmask)
+            check_bitmask(self.bitmask)
+            row_bytes = self.bitmask.shape[1] * self.bitmask.element_size()
+            self._executor.unsafe_compute_mask_ptr([(matchers[r].handle, r) for r in rows], self.bitmask.data_ptr(), row_bytes,
+                                                   self.bitmask.shape[0])
         return rows
 
     def start_fill(self, matchers: Mapping[int, GuidedMatcher]) -> Future[list[int]]:

@@ -13,10 +13,17 @@ on another thread while the model's forward runs (masks.py).
 from __future__ import annotations
 
 import llguidance
-import llguidance.torch
 import torch
 
 BITS = 32  # tokens per int32 word of a bitmask
+
+
+def check_bitmask(bitmask: torch.Tensor) -> None:
+    """llguidance writes a mask through the tensor's data pointer: it must be a contiguous int32 CPU matrix.
+    (llguidance.torch checks the same and makes the same pointer calls, but importing it applies torch.compile to
+    a kernel, which imports dynamo and inductor: about 2.5 CPU-seconds on every server start.)"""
+    if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or bitmask.dim() != 2 or not bitmask.is_contiguous():
+        raise ValueError(f"a token bitmask must be a contiguous int32 CPU matrix, got {bitmask.dtype} {tuple(bitmask.shape)} on {bitmask.device}")
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -32,7 +39,9 @@ class GuidedMatcher:
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into bitmask[row]."""
-        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        check_bitmask(bitmask)
+        words = bitmask[row]
+        self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
 
     def allowed_mask(self, vocab_size: int) -> torch.Tensor:
         """The allowed next tokens as a bool [vocab_size] tensor (tests and debugging; the engine uses fill)."""
