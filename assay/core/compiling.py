@@ -7,6 +7,8 @@ and compile-cache hits are counted the same way in the probe, the trainer and th
 from __future__ import annotations
 
 import contextlib
+import sys
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -98,12 +100,10 @@ def timed_call(call: Callable[[], Any], stats: CompileStats, device) -> tuple[An
     (`_compile.compile_inner`), clamped to the call, which contains it."""
     from time import perf_counter
 
-    from torch._dynamo.utils import compilation_time_metrics
-
     from assay.core.device import synchronize
 
     graphs_before = stats.graphs
-    compile_before = sum(compilation_time_metrics.get("_compile.compile_inner", []))
+    compile_before = _compile_seconds()
     synchronize(device)
     start = perf_counter()
     with torch.no_grad(), watch(stats):
@@ -113,7 +113,7 @@ def timed_call(call: Callable[[], Any], stats: CompileStats, device) -> tuple[An
     compiled = stats.graphs > graphs_before
     compile_s = 0.0
     if compiled:
-        compile_s = min(max(0.0, sum(compilation_time_metrics.get("_compile.compile_inner", [])) - compile_before), seconds)
+        compile_s = min(max(0.0, _compile_seconds() - compile_before), seconds)
     return result, compiled, compile_s, seconds
 
 
@@ -157,9 +157,25 @@ def compile_modules(
         module.forward = types.MethodType(compiled_by_class[cls], module)
 
 
-def _counter_snapshot() -> dict[str, int]:
-    from torch._dynamo.utils import counters
+def _dynamo_utils():
+    """torch._dynamo.utils if this process has imported it, else None. Reading dynamo's counters must not import
+    dynamo (about 1.3 CPU-seconds): a process that never imported it has compiled nothing, and one that
+    imports it inside a watched block starts its counters from zero there."""
+    return sys.modules.get("torch._dynamo.utils")
 
+
+def _counters() -> defaultdict:
+    utils = _dynamo_utils()
+    return utils.counters if utils is not None else defaultdict(Counter)
+
+
+def _compile_seconds() -> float:
+    utils = _dynamo_utils()
+    return 0.0 if utils is None else sum(utils.compilation_time_metrics.get("_compile.compile_inner", []))
+
+
+def _counter_snapshot() -> dict[str, int]:
+    counters = _counters()
     return {
         "graph_breaks": sum(counters["graph_break"].values()),
         "hits": counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"],
@@ -170,10 +186,8 @@ def _counter_snapshot() -> dict[str, int]:
 @contextlib.contextmanager
 def watch(stats: CompileStats) -> Iterator[CompileStats]:
     """Add dynamo's global counter deltas over the block (graph breaks, cache lookups) to `stats`."""
-    from torch._dynamo.utils import counters
-
     before = _counter_snapshot()
-    reasons_before = dict(counters["graph_break"])
+    reasons_before = dict(_counters()["graph_break"])
     try:
         yield stats
     finally:
@@ -181,7 +195,7 @@ def watch(stats: CompileStats) -> Iterator[CompileStats]:
         stats.graph_breaks += after["graph_breaks"] - before["graph_breaks"]
         stats.cache_hits += after["hits"] - before["hits"]
         stats.cache_misses += after["misses"] - before["misses"]
-        for reason, count in counters["graph_break"].items():
+        for reason, count in _counters()["graph_break"].items():
             if count > reasons_before.get(reason, 0):
                 stats.break_reasons.append(reason.splitlines()[0][:300])
 

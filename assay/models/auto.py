@@ -47,7 +47,9 @@ def register_models() -> None:
 
 
 def _loaded(path: str) -> bool:
-    return path.partition(":")[0] in sys.modules
+    """The class is importable without importing anything (its module is loaded and past the class)."""
+    module, _, name = path.partition(":")
+    return getattr(sys.modules.get(module), name, None) is not None
 
 
 def deferred_model(config_path: str, model_path: str) -> type:
