@@ -7,6 +7,7 @@ nudges an activation by 1% shows drift but keeps every answer. All share the ses
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -169,8 +170,12 @@ def test_run_py_reproduces_the_eval_item_by_item_without_assay(zoo_dir, tmp_path
     assert "import assay" not in stored["run_py"] and "from assay" not in stored["run_py"] and "EVAL_FILES" in stored["run_py"]
     script = tmp_path / "run.py"
     script.write_text(stored["run_py"])
-    result = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    scratch = tmp_path / "tmp"  # the run's temporary folder: it writes its embedded task files there
+    scratch.mkdir()
+    result = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                            env=os.environ | {"TMPDIR": str(scratch)})
     assert result.returncode == 0, result.stderr[-2000:]
+    assert not list(scratch.glob("assay-eval-tasks-*")), "run.py left its task files behind"
     printed = json.loads(result.stdout.strip().splitlines()[-1])
     assert printed["tokens"] == row["generated_tokens"]
     rerun = printed["eval"]["assay_next_sentence"]

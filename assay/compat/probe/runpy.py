@@ -94,11 +94,14 @@ EVAL_FILES = """
 
 
 def eval_task_files():
+    import atexit
     import base64
+    import shutil
     import tempfile
     import zlib
 
     folder = tempfile.mkdtemp(prefix="assay-eval-tasks-")
+    atexit.register(shutil.rmtree, folder, True)  # the task files are this run's only
     for name, text in json.loads(zlib.decompress(base64.b64decode("".join(EVAL_FILES.split())))).items():
         with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
             handle.write(text)
