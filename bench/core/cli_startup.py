@@ -70,27 +70,33 @@ def main() -> None:
     parser.add_argument("--zoo", type=Path, default=None, help="a tiny zoo folder (default: its Llama built in a temporary folder)")
     parser.add_argument("--out", type=Path, default=RESULTS / "cli_startup.json")
     options = parser.parse_args()
-    zoo = options.zoo
-    if zoo is None:
-        from assay.zoo import build_zoo
+    if options.zoo is not None:
+        measure(options.zoo, options.rounds, options.out)
+        return
+    from assay.zoo import build_zoo
 
-        zoo = Path(tempfile.mkdtemp(prefix="cli-startup-zoo-"))
-        build_zoo(zoo, names=["llama"], progress=False)
+    with tempfile.TemporaryDirectory(prefix="cli-startup-zoo-") as zoo:
+        print("building the tiny zoo's Llama ...", file=sys.stderr)
+        build_zoo(Path(zoo), names=["llama"], progress=False)
+        measure(Path(zoo), options.rounds, options.out)
+
+
+def measure(zoo: Path, rounds: int, out: Path) -> None:
     argvs = commands(zoo)
     times: dict[str, list[float]] = {name: [] for name in argvs}
     cpu: dict[str, list[float]] = {name: [] for name in argvs}
     machine_before = machine()
-    for round_number in range(options.rounds):
+    for round_number in range(rounds):
         for name, argv in argvs.items():  # interleaved: a burst of other work hits every command alike
             wall, used = timed(name, argv)
             times[name].append(wall)
             cpu[name].append(used)
-        print(f"round {round_number + 1}/{options.rounds} done", file=sys.stderr)
+        print(f"round {round_number + 1}/{rounds} done", file=sys.stderr)
     rows = [{"command": name, "median_s": statistics.median(times[name]), "min_s": min(times[name]),
              "cpu_median_s": statistics.median(cpu[name]), "rounds": len(times[name])} for name in argvs]
     record = {"rows": rows, "times_s": times, "cpu_s": cpu, "machine": machine_before, "loadavg_before": machine_before["loadavg"],
               "loadavg_after": load_average(), "cpus": os.cpu_count()}
-    atomic_write_json(options.out, record)
+    atomic_write_json(out, record)
     print_table(rows, ["command", "median_s", "min_s", "cpu_median_s", "rounds"],
                 title=f"assay start-up (load {machine_before['loadavg'][0]:.1f})")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch import nn
 
@@ -40,13 +41,10 @@ def test_a_cpu_build_is_initialised_as_plain_torch_device_does():
 
 def test_the_initialisers_are_restored_after_a_meta_build_even_when_it_fails():
     originals = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
-    try:
-        with default_device("meta"):
-            assert nn.init.normal_ is not originals["normal_"]  # patched inside
-            nn.Linear(4, 4)
-            raise RuntimeError("a constructor failed")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError, match="a constructor failed"), default_device("meta"):
+        assert nn.init.normal_ is not originals["normal_"]  # patched inside
+        nn.Linear(4, 4)
+        raise RuntimeError("a constructor failed")
     assert {name: getattr(nn.init, name) for name in INIT_FUNCTIONS} == originals
     # A real tensor met inside a meta build (a buffer made on the CPU) is still initialised.
     with default_device("meta"):
