@@ -53,6 +53,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = command.format(port=self.port, threads=threads)
         self.log = log_dir / f"{name}.log"
+        print(f"{name}: starting: {self.command}", flush=True)
         env = os.environ | {"OMP_NUM_THREADS": str(threads)}
         started = time.perf_counter()
         with open(self.log, "w") as log:
@@ -138,14 +139,17 @@ def summary(results: list[dict], wall_s: float, max_tokens: int) -> dict:
 
 
 def measure(server: Server, work: list[list[int]], widths: list[int], requests: list[int], max_tokens: int) -> list[dict]:
+    """`work` holds one prompt for the untimed first request, then the prompts of each width in turn: no prompt is
+    sent twice, so a server's prefix cache (vLLM's, llama-server's per-slot one) never skips a prefill."""
     with httpx.Client(timeout=900) as client:
         first = one_request(client, server, work[0], max_tokens)  # untimed: lazy set-up is not serving speed
     if first["status"] != 200 or first["tokens"] != max_tokens:
         raise SystemExit(f"{server.name}: the first request got {first} (see {server.log})")
-    runs = []
+    runs, start = [], 1
     for concurrency, count in zip(widths, requests):
         print(f"  {server.name}: {count} requests, {concurrency} at a time ...", flush=True)
-        results, wall_s = drive(server, work[:count], concurrency, max_tokens)
+        results, wall_s = drive(server, work[start:start + count], concurrency, max_tokens)
+        start += count
         entry = {"concurrency": concurrency, "loadavg": load_average(), **summary(results, wall_s, max_tokens)}
         runs.append(entry)
         tpot = entry["tpot_s"]["p50"] * 1000 if entry["tpot_s"] else float("nan")
@@ -214,7 +218,7 @@ def main() -> None:
     if args.prompt_tokens + args.max_tokens > args.max_len:
         parser.error(f"--prompt-tokens + --max-tokens ({args.prompt_tokens + args.max_tokens}) exceed --max-len {args.max_len}")
 
-    work = corpus_prompts(args.model, max(requests), args.prompt_tokens)
+    work = corpus_prompts(args.model, 1 + sum(requests), args.prompt_tokens)  # the first request's, then each width's own
     extra = " ".join(shlex.quote(flag) for flag in shlex.split(args.assay_args))
     servers = [(f"assay {mode}{' ' + extra if extra else ''}", f"{shlex.quote(sys.executable)} -m assay serve --model "
                 f"{shlex.quote(str(args.model))} --port {{port}} --max-seqs {args.max_seqs} --max-len {args.max_len} "
@@ -224,7 +228,6 @@ def main() -> None:
               "threads": args.threads, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
               "concurrency": widths, "requests": requests, "logs": str(log_dir), "servers": []}
     for name, command in servers:
-        print(f"{name}: starting: {command}", flush=True)
         server = Server(name, command, args.threads, log_dir, args.ready_s)
         try:
             print(f"{name}: answering after {server.ready_s:.1f} s (model {server.model!r})", flush=True)
