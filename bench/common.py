@@ -145,3 +145,15 @@ def corpus_prompts(model_dir: Path, count: int, length: int, seed: int = 0) -> l
     ids = AutoTokenizer.from_pretrained(str(model_dir)).encode(corpus_text())
     rng = random.Random(seed)
     return [ids[start:start + length] for start in (rng.randrange(len(ids) - length) for _ in range(count))]
+
+
+def top_ops(fn, rows: int = 15) -> list[dict]:
+    """torch.profiler's top ops by self CPU time over one call of fn: where a missed target's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    return [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total, "calls": e.count}
+            for e in events[:rows]]

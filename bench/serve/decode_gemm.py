@@ -1,7 +1,7 @@
 """The compiled decode step with each GEMM (serve/runner/gemm.py), width by width, on the real
 SmolLM2-135M-Instruct, against the floor this run's machine sets: the evidence behind `--decode-gemm auto`.
 
-    python bench/serve/decode_gemm.py --model smollm2/ [--widths 1,2,4,8,16,32] [--gemms aten,cpp] [--threads 2]
+    python bench/serve/decode_gemm.py --model smollm2/ [--widths 1,2,4,8,16,32] [--gemms aten,cpp] [--threads 2] [--profile]
         [--dtype float32|bfloat16] [--quantize int8] [--out FILE]
         -> bench/results/decode_gemm.json, bench/results/decode_gemm.png, a table
 
@@ -37,7 +37,7 @@ import torch
 from assay.core.files import atomic_write_json
 from assay.serve.runner.dtypes import QUANTIZATIONS
 from assay.core.output import print_table
-from bench.common import RESULTS, best_of, machine, read_rate
+from bench.common import RESULTS, best_of, machine, read_rate, top_ops
 
 POSITION = 100  # each row's token position: a 128-token prompt's decode, well inside max_len
 
@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dtype", default="float32", help="the weights' dtype (the KV cache and the logits stay float32)")
     parser.add_argument("--quantize", default=None, choices=QUANTIZATIONS, help="int8: the linears' weights in int8 (as assay serve --quantize int8)")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler's top ops over 10 calls of each step auto chooses, in its row")
     parser.add_argument("--out", type=Path, default=RESULTS / "decode_gemm.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -122,6 +123,12 @@ def main() -> None:
                      "tokens_per_s": width / ms * 1e3, "compile_s": compile_s[gemm, width], "max_rel_err": errors[gemm, width],
                      "chosen_by_auto": decoders[gemm].gemms[width] == _auto(width, decoders[gemm].weights_dtype)})
     rows.sort(key=lambda row: (row["width"], row["gemm"]))
+    if args.profile:  # where a step's time goes outside its compiled graph (attention's kernel, dynamo's guards, the graph's call)
+        with torch.no_grad():
+            for row in rows:
+                if row["chosen_by_auto"]:
+                    decoder, step_inputs = decoders[row["gemm"]], inputs[row["width"]]
+                    row["profile_top_ops"] = top_ops(lambda: [decoder(*step_inputs, buffers) for _ in range(10)])
     cpu = {"capability": torch.backends.cpu.get_cpu_capability(), "amx": torch.cpu._is_amx_tile_supported()}
     atomic_write_json(args.out, {"threads": args.threads, "dtype": args.dtype, "quantize": args.quantize, "machine": machine(), "cpu_kernels": cpu, "read_bytes_per_s": read,
                                  "weight_bytes": weight_bytes, "max_len": args.max_len, "position": POSITION, "torch": torch.__version__,

@@ -46,7 +46,7 @@ from assay.core.metrics import (
     save_figure,
 )
 from assay.core.output import print_table
-from bench.common import RESULTS, machine, matmul_floor, read_rate
+from bench.common import RESULTS, machine, matmul_floor, read_rate, top_ops
 
 VS_TRANSFORMERS, VS_FLOOR, DECODE_VS_STEP_FLOOR = 1.1, 0.85, 0.60
 
@@ -132,18 +132,6 @@ def transformers_wave(model, prompts: list[list[int]], new: int, pad_id: int) ->
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                              do_sample=False, pad_token_id=pad_id)
     return {"wall_s": time.perf_counter() - start, "tokens": out[:, ids.shape[1]:].tolist()}
-
-
-def top_ops(fn, rows: int = 15) -> list[dict]:
-    """torch.profiler's top ops by self CPU time over one call of fn: where a missed target's time goes."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-    total = sum(e.self_cpu_time_total for e in events) or 1
-    return [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total, "calls": e.count}
-            for e in events[:rows]]
 
 
 # ---------------------------------------------------------------- the run
