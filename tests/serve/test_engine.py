@@ -163,9 +163,18 @@ def test_bad_requests_are_one_line_errors_and_a_full_queue_is_queue_full(gla):
     engine.add_request("a", [1, 2], 2)
     with pytest.raises(AssayError, match="already in use"):
         engine.add_request("a", [1, 2], 2)
-    engine.add_request("b", [1, 2], 2)
+    # 4 slots free and a queue of 2: before any step, the first four requests wait only for the step that
+    # admits them (not for a slot), the next two fill the queue, the seventh is refused.
+    for request_id in "bcdef":
+        engine.add_request(request_id, [1, 2], 8)
     with pytest.raises(QueueFull):
-        engine.add_request("c", [1, 2], 2)
+        engine.add_request("g", [1, 2], 8)
+    engine.step()  # four take the slots and "a" (2 tokens) ends in this step: of the two still waiting, one
+    # waits only for the next step, so the queue has room for one more
+    assert (engine.free_slots, engine.num_waiting) == (1, 2)
+    engine.add_request("g", [1, 2], 8)
+    with pytest.raises(QueueFull):
+        engine.add_request("h", [1, 2], 8)
     with pytest.raises(AssayError, match="below --max-seqs"):
         EngineConfig(max_seqs=8, buckets=(1, 2)).validate()
 

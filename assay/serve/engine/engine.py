@@ -36,7 +36,7 @@ from assay.serve.engine.config import EngineConfig, QueueFull, TokenEvent
 from assay.serve.engine.guidance import Guidance
 from assay.serve.engine.request import EngineRequest, PrefillJob, new_request
 from assay.serve.engine.sampling import SamplingParams, TokenLogprob, prompt_logprobs, sample_tokens, token_logprobs
-from assay.serve.engine.scheduler import Candidate, QueueView, StepPlan, schedule, warm_up_widths
+from assay.serve.engine.scheduler import Candidate, QueueView, StepPlan, queued_for_a_slot, schedule, warm_up_widths
 from assay.serve.engine.stats import EagerCheck, EngineStats, EngineTotals, MemoryFacts, StepRecord, now
 from assay.serve.runner.runner import DecodeInput, ModelRunner, PrefillInput
 from assay.serve.runner.sizing import check_max_len, checkpoint_positions, fitted_slot_len
@@ -155,7 +155,7 @@ class Engine:
         with self._lock:
             if any(m.request_id in self._live_ids for m in members):
                 raise AssayError(f"request id {request_id!r} is already in use")
-            if len(self._waiting) >= config.max_waiting:
+            if queued_for_a_slot([1 + len(r.forks) for r in self._waiting], self.pool.num_free) >= config.max_waiting:
                 raise QueueFull(f"the waiting queue is full ({config.max_waiting} requests); retry later")
             self._waiting.append(request)
             for member in members:

@@ -208,6 +208,17 @@ def admissible(view: QueueView) -> tuple[Candidate, ...]:
     return tuple(taken)
 
 
+def queued_for_a_slot(choices: list[int], free_slots: int) -> int:
+    """Of the waiting requests (first come first, each needing a slot per choice), how many the free slots
+    cannot take, as admissible takes them: what --max-waiting bounds. Requests that arrive between two steps
+    find slots free but not yet taken (the next step admits them): they wait for that step, not for a slot."""
+    for index, needed in enumerate(choices):
+        if needed > free_slots:
+            return len(choices) - index
+        free_slots -= needed
+    return 0
+
+
 def plan_in_order(view: QueueView, config: EngineConfig, order: Callable[[list[Candidate]], list[int]],
                   long_waited: bool = True) -> StepPlan:
     """A plan whose prefill offers the candidates (being prefilled, then admissible) in `order` (indices into
