@@ -133,8 +133,14 @@ class _Controls:
 
 def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
     source = ResultsSource(folder)
-    downloads = Path(tempfile.mkdtemp(prefix="assay-app-"))
-    atexit.register(shutil.rmtree, downloads, True)
+    made: list[Path] = []  # the download folder, made when a page first offers a file: an app that never does leaves none
+
+    def download_path(name: str) -> Path:
+        if not made:
+            made.append(Path(tempfile.mkdtemp(prefix="assay-app-")))
+            atexit.register(shutil.rmtree, made[0], True)
+        return made[0] / name
+
     snapshot = source.snapshot()
     choices = filter_choices(snapshot, catalog)
     stacks = list(snapshot.stacks)
@@ -178,11 +184,11 @@ def build_app(folder: str | Path, catalog: Catalog) -> gr.Blocks:
                     gr.DownloadButton(value=None, interactive=False), _link(view_query(model=page.key), "link to this page", "model-link-a"),
                     "", "", gr.DownloadButton(value=None, interactive=False), None, gr.Dataframe(value=None), gr.Dataframe(value=None), "")
         detail = result_detail(row)
-        path = downloads / run_py_filename(row)
+        path = download_path(run_py_filename(row))
         atomic_write_text(path, detail.run_py)
         repro_button = gr.DownloadButton(value=None, interactive=False)
         if detail.repro_py:
-            repro_path = downloads / repro_py_filename(row)
+            repro_path = download_path(repro_py_filename(row))
             atomic_write_text(repro_path, detail.repro_py)
             repro_button = gr.DownloadButton(value=str(repro_path), interactive=True)
         result_line = detail.result + (f": {detail.reason}" if detail.reason else "")

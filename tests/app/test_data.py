@@ -293,3 +293,18 @@ def test_a_model_page_shows_the_eval_table_next_to_the_drift_table(mixed_results
     from assay.app.results.status import status_kind
 
     assert status_kind("DISAGREE 0.90") == "failure" and status_kind("AGREE 1.00") == "pass"
+
+
+def test_building_the_app_makes_no_download_folder_until_a_page_offers_a_file(mixed_results, tmp_path, monkeypatch):
+    # A process that builds the app and is killed before it exits (so its atexit clean-up never runs) left
+    # an empty assay-app-* folder in the temporary directory every time; now the folder is made on the first
+    # download a model page offers (tests/app/test_browser.py downloads through it).
+    import tempfile
+
+    from assay.app.ui import build_app
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    build_app(mixed_results, recorded_catalog())
+    assert list(scratch.glob("assay-app-*")) == []
