@@ -5,10 +5,10 @@ worker threads for every thread that has run a parallel region, and keeps it aft
 manages more threads than the machine has CPUs, its workers stop spinning between regions (libgomp's
 "throttled" spin count): every parallel region then waits for workers woken by the kernel. A server that
 loads a model on its main thread and steps it on an engine thread has two teams, each as wide as the
-machine (PyTorch's default), so each of the hundreds of parallel regions in a decode step pays that wake-up. Measured on a 2-core Xeon,
-2 threads: SmolLM2-135M's compiled one-sequence step 26.4 ms on the loading thread, 45.8 ms on another
-thread while the loading thread's team lived; a 1 x 576 by 576 x 1536 linear 30 us against 124 us
-(`python bench/core/openmp_teams.py`).
+machine (PyTorch's default), so each of the hundreds of parallel regions in a decode step pays that
+wake-up. Measured on a 2-core Xeon, 2 threads: SmolLM2-135M's compiled one-sequence step 26.4 ms on the
+loading thread, 45.8 ms on another thread while the loading thread's team lived; a 1 x 576 by 576 x 1536
+linear 30 us against 124 us (`python bench/core/openmp_teams.py`).
 
 `release_openmp_workers()` ends the calling thread's team, so that the thread which steps the model next is
 the only one with workers. Other OpenMP runtimes (LLVM's libomp, Intel's) are left alone: this is a no-op there.
@@ -50,4 +50,3 @@ def release_openmp_workers() -> bool:
         return False
     pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
     return pause(_OMP_PAUSE_SOFT) == 0
-
