@@ -137,10 +137,18 @@ def test_an_engine_replica_killed_under_load_loses_no_request(zoo_dir):
         assert wait_for_health(url, "ok") == (200, "ok")
         live = replica_processes(process.pid)
         assert len(live) == 2, live
-        for pid in live.values():
-            os.kill(pid, signal.SIGKILL)
-        assert wait_for_health(url, "unavailable") == (503, "unavailable")
-        refused = httpx.post(f"{url}/v1/completions", json=body(0), timeout=30)
+        # The controller notices each death on its own schedule and restarts the replica at once: a replica it
+        # restarted before noticing the other's death would keep one live. So every replica process, old or
+        # new, is killed as soon as it appears, until the 503 has come back.
+        killing = threading.Event()
+        killer = threading.Thread(target=kill_replicas_until, args=(process.pid, killing), daemon=True)
+        killer.start()
+        try:
+            assert wait_for_health(url, "unavailable") == (503, "unavailable")
+            refused = httpx.post(f"{url}/v1/completions", json=body(0), timeout=30)
+        finally:
+            killing.set()
+            killer.join()
         assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1, refused.text
         assert refused.json()["error"]["type"] == "server_error"
 
@@ -260,6 +268,17 @@ def one_round(url: str, client: openai.OpenAI, replicas: dict[str, int], expecte
         mode = "seeded" if "seed" in body(i) else "greedy"
         assert ended == "error" or text == expected[(prompt_index(i), mode)], (i, mode)
     return kill, plain
+
+
+def kill_replicas_until(server_pid: int, done: threading.Event) -> None:
+    """SIGKILL every engine replica process of the server, again every 0.2 s, until `done` is set."""
+    while not done.is_set():
+        for pid in replica_processes(server_pid).values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # already gone
+                pass
+        done.wait(0.2)
 
 
 def wait_for_health(url: str, status: str, timeout_s: float = 60.0) -> tuple[int, str]:
