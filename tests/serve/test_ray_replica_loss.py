@@ -13,6 +13,7 @@ decoding of independent rows is exact, so the texts must be equal, not close).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -274,10 +275,8 @@ def kill_replicas_until(server_pid: int, done: threading.Event) -> None:
     """SIGKILL every engine replica process of the server, again every 0.2 s, until `done` is set."""
     while not done.is_set():
         for pid in replica_processes(server_pid).values():
-            try:
+            with contextlib.suppress(ProcessLookupError):  # already gone
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:  # already gone
-                pass
         done.wait(0.2)
 
 
