@@ -48,10 +48,13 @@ READY_TIMEOUT_S = 300.0
 def run_assay_process(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None,
                       file_size_limit: int | None = None) -> subprocess.CompletedProcess:
     """The real `assay` command in a subprocess: exit code, stdout and stderr as a user sees them."""
-    return subprocess.run(
-        [sys.executable, "-m", "assay", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-        env=os.environ.copy() | (env or {}), preexec_fn=(lambda: limit_file_size(file_size_limit)) if file_size_limit else None,
-    )
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "assay", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+            env=os.environ.copy() | (env or {}), preexec_fn=(lambda: limit_file_size(file_size_limit)) if file_size_limit else None,
+        )
+    except subprocess.TimeoutExpired as expired:  # subprocess.run hands back undecoded bytes here, even with text=True
+        raise subprocess.TimeoutExpired(expired.cmd, expired.timeout, output=_text(expired.output), stderr=_text(expired.stderr)) from None
 
 
 def run_assay(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None,
@@ -152,8 +155,12 @@ def _kill_group(pid: int) -> None:
 
 
 def _decoded(path: Path) -> str:
+    return _text(path.read_bytes() if path.exists() else b"")
+
+
+def _text(data: bytes | str | None) -> str:
     """As subprocess.run(text=True) decodes a pipe: the locale's encoding, universal newlines."""
-    data = path.read_bytes() if path.exists() else b""
+    data = data.encode() if isinstance(data, str) else data or b""
     return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
 
