@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=COMMAND",
                         help="a peer server's command line, with {port} (and {threads}) where they go; repeatable")
     parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--requests", default="4,16,64", help="requests per concurrency, in the same order")
+    parser.add_argument("--requests", default="8,16,64", help="requests per concurrency, in the same order")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every server (OMP_NUM_THREADS; {threads} in a peer's command)")

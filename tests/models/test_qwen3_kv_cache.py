@@ -131,6 +131,21 @@ def test_compiled_decode_step_compiles_once_across_positions():
     assert_close("compiled_vs_eager", kv_cache[0][0], eager_cache[0][0], torch.float32)
 
 
+def test_a_compiled_decode_step_reproduces_forward_logits():
+    # Compiled, the decode step attends through one_query_attention (plain ops inductor fuses), not SDPA: the
+    # same teacher-forced rows as the eager test above, against forward() in float64 at the same tolerance.
+    model = tiny_model("tiny")
+    assert model.args.n_kv_heads < model.args.n_heads  # grouped-query: the head grouping is exercised
+    seqs = sequences(model.args.vocab_size)
+    reset()
+    stats = CompileStats()
+    compiled = compile_fn(model.decode_step, "aot_eager", stats)
+    actual = cached_logits(model, model.init_kv_cache(N_ROWS, MAX_LEN), seqs, decode_step=compiled)
+    for got, reference in zip(actual, reference_logits("tiny", seqs)):
+        assert_close("model_logits", got, reference, torch.float32)
+    assert stats.graphs >= 1
+
+
 def test_kv_cache_longer_than_max_seq_len_is_an_assay_error():
     model = tiny_model("tiny")
     with pytest.raises(AssayError, match="max_seq_len"):

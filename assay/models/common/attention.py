@@ -34,6 +34,25 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return attended.transpose(1, 2)
 
 
+def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """masked_attention for one query per row, in plain ops, for a compiled decode step: inductor fuses the key
+    gather, scores, softmax and value sum into a few loops over the cache, where SDPA is an opaque call
+    with a per-call cost (on a 2-core x86 CPU, one sequence of SmolLM2-135M over a 256-position cache: a
+    compiled step of 26.1 ms with SDPA, 23.3 ms with this). Eager, it would build [W, Hkv, g, L, D]
+    products: decode eagerly through masked_attention. Computed in float32 whatever q's dtype.
+    q: [W, 1, Hq, D]; k, v: [W, L, Hkv, D]; mask: [W, 1, 1, L] bool -> [W, 1, Hq, D]."""
+    rows, _, q_heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
+    grouped = q.float().view(rows, kv_heads, q_heads // kv_heads, 1, head_dim)  # [W, Hkv, g, 1, D]: g query heads per k/v head
+    keys = k.float().permute(0, 2, 1, 3)[:, :, None]  # [W, Hkv, 1, L, D]
+    values = v.float().permute(0, 2, 1, 3)[:, :, None]
+    scores = (grouped * keys).sum(-1) * scale  # [W, Hkv, g, L]
+    scores = scores.masked_fill(~mask.view(rows, 1, 1, -1), float("-inf"))
+    attended = (scores.softmax(-1)[..., None] * values).sum(-2)  # [W, Hkv, g, D]
+    return attended.reshape(rows, 1, q_heads, head_dim).to(q.dtype)
+
+
 def causal_window_mask(seq_len: int, window: int | None, device) -> torch.Tensor:
     """[T, T] bool: query t sees keys t' <= t, and with a window only t - t' < window (Transformers' rule)."""
     span = torch.arange(seq_len, device=device)
@@ -160,4 +179,5 @@ class Attention(nn.Module):
         # index_select, not cache_k[slot_ids]: the same rows, gathered 2-6x faster on CPU (advanced indexing
         # goes through the generic index kernel; measured at 8-32 rows x 160-2,176 positions).
         keys, values = cache_k.index_select(0, slot_ids).to(q.dtype), cache_v.index_select(0, slot_ids).to(q.dtype)  # [W, L, Hkv, D]
-        return masked_attention(q, keys, values, visible, self.sdpa.scale)
+        attend = one_query_attention if torch.compiler.is_compiling() else masked_attention
+        return attend(q, keys, values, visible, self.sdpa.scale)

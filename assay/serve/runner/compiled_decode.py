@@ -56,7 +56,12 @@ class CompiledDecode:
         # the graph dynamo cached for the width whatever the config says.
         patches = inductor_patches(self.gemm_for(tokens.shape[0]))
         with torch._dynamo.config.patch(
-            recompile_limit=self._recompile_limit, accumulated_recompile_limit=max(256, 4 * self._recompile_limit)
+            recompile_limit=self._recompile_limit, accumulated_recompile_limit=max(256, 4 * self._recompile_limit),
+            # Every call checks its graph's guards first: one per parameter and cache tensor (about 330 for
+            # SmolLM2), 1.1 ms of a 25 ms step. With recursive dict tags, a module subtree whose dicts are
+            # unchanged since the last check (no attribute, parameter or submodule set) skips its guards: 0.44 ms.
+            # Anything that sets a parameter or module changes a tag and gets the full check.
+            use_recursive_dict_tags_for_guards=True,
         ), (_inductor_config(patches) if patches else contextlib.nullcontext()):
             return self._decode(self.slot_model, tokens, slot_ids, positions, buffers)
 
