@@ -1,5 +1,6 @@
 """assay serve beside the CPU servers people run (llama.cpp's llama-server, vLLM's CPU build, any server with an
-OpenAI-compatible /v1/completions), one server at a time, each driven by the same client with the same payloads.
+OpenAI-compatible /v1/completions), one server at a time (or in rounds), each driven by the same client with the
+same payloads.
 
     python bench/serve/peers.py --model smollm2/ [--assay-modes eager,compiled] [--assay-args '--quantize int8']
         [--peer 'llama.cpp=llama-server -m smollm2-f32.gguf --port {port} -t {threads} -np 32 -c 8192']
@@ -14,7 +15,9 @@ request when its last one ends). Measured at the client: output tokens/s over th
 a connection the server drops is counted, not retried), time to first token, time per output token (TPOT:
 from the first token to the last, over the tokens between).
 Every server gets one untimed request first (lazy set-up is not serving speed) and the same threads (the
-client shares the machine with it, as it does with each peer). The peers' commands are the user's: docs/serve.md
+client shares the machine with it, as it does with each peer). A shared machine's speed drifts by 10-20% over
+minutes: --rounds N starts every server at once and measures each width on each server in turn, N times, so
+each round's ratios come from minutes apart; the table holds each width's median round. The peers' commands are the user's: docs/serve.md
 ("Measuring against llama.cpp and vLLM") says how to build each and make its model file.
 """
 
@@ -42,7 +45,7 @@ from assay.core.output import print_table
 from assay.core.net import free_port
 from bench.common import RESULTS, corpus_prompts, drive_clients, load_average, machine
 
-ASSAY_MODES = {"eager": ["--eager"], "compiled": ["--compile"]}
+ASSAY_MODES = {"eager": ["--eager"], "compiled": ["--compile"], "compiled-prefill": ["--compile", "--compile-prefill"]}
 
 
 class Server:
@@ -92,13 +95,24 @@ class Server:
 
 
 def one_request(client: httpx.Client, server: Server, prompt: list[int], max_tokens: int) -> dict:
-    """A streamed completion timed at the client. Tokens are counted from the text chunks (each server sends
-    one token per chunk; a final chunk that only carries finish_reason is not a token)."""
-    body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    """A streamed completion timed at the client, sent again once on a new connection when the server closed the
+    kept-alive one without answering it (llama-server does, now and then); both attempts' time counts."""
     sent = time.perf_counter()
+    result = _one_request(client, server, prompt, max_tokens, sent)
+    if result["status"] == "dropped" and result["tokens_before"] == 0 and result["unanswered"]:
+        result = _one_request(client, server, prompt, max_tokens, sent) | {"retried": True}
+    return result
+
+
+def _one_request(client: httpx.Client, server: Server, prompt: list[int], max_tokens: int, sent: float) -> dict:
+    """Tokens are counted from the text chunks (each server sends one token per chunk; a final chunk that only
+    carries finish_reason is not a token)."""
+    body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    answered = False
     stamps, finish = [], None
     try:
         with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+            answered = True
             if response.status_code != 200:
                 return {"status": response.status_code, "error": response.read().decode(errors="replace")[:300]}
             for line in response.iter_lines():
@@ -111,7 +125,7 @@ def one_request(client: httpx.Client, server: Server, prompt: list[int], max_tok
                     stamps.append(time.perf_counter())
                 finish = choices[0].get("finish_reason") or finish
     except httpx.TransportError as exc:  # a server that drops the connection (llama-server does at c = 32 here)
-        return {"status": "dropped", "error": f"{type(exc).__name__}: {exc}", "tokens_before": len(stamps)}
+        return {"status": "dropped", "error": f"{type(exc).__name__}: {exc}", "tokens_before": len(stamps), "unanswered": not answered}
     result = {"status": 200, "tokens": len(stamps), "finish_reason": finish, "ttft_s": stamps[0] - sent if stamps else None}
     if len(stamps) >= 2:
         result["tpot_s"] = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
@@ -130,6 +144,7 @@ def summary(results: list[dict], wall_s: float, max_tokens: int) -> dict:
     tokens = sum(r["tokens"] for r in ok)
     return {
         "requests": len(results), "answered": len(ok), "dropped": sum(r["status"] == "dropped" for r in results),
+        "retried": sum(bool(r.get("retried")) for r in results),
         "errors": [r.get("error", r["status"]) for r in results if r["status"] != 200][:3],
         "whole_answers": sum(r["tokens"] == max_tokens for r in ok), "output_tokens": tokens, "wall_s": wall_s,
         "output_tokens_per_s": tokens / wall_s if wall_s else None,
@@ -138,24 +153,51 @@ def summary(results: list[dict], wall_s: float, max_tokens: int) -> dict:
     }
 
 
-def measure(server: Server, work: list[list[int]], widths: list[int], requests: list[int], max_tokens: int) -> list[dict]:
-    """`work` holds one prompt for the untimed first request, then the prompts of each width in turn: no prompt is
-    sent twice, so a server's prefix cache (vLLM's, llama-server's per-slot one) never skips a prefill."""
+def first_request(server: Server, prompt: list[int], max_tokens: int) -> None:
+    """One untimed request: lazy set-up is not serving speed; a server that cannot answer it whole stops the run."""
     with httpx.Client(timeout=900) as client:
-        first = one_request(client, server, work[0], max_tokens)  # untimed: lazy set-up is not serving speed
+        first = one_request(client, server, prompt, max_tokens)
     if first["status"] != 200 or first["tokens"] != max_tokens:
         raise SystemExit(f"{server.name}: the first request got {first} (see {server.log})")
-    runs, start = [], 1
-    for concurrency, count in zip(widths, requests):
-        print(f"  {server.name}: {count} requests, {concurrency} at a time ...", flush=True)
-        results, wall_s = drive(server, work[start:start + count], concurrency, max_tokens)
-        start += count
-        entry = {"concurrency": concurrency, "loadavg": load_average(), **summary(results, wall_s, max_tokens)}
-        runs.append(entry)
-        tpot = entry["tpot_s"]["p50"] * 1000 if entry["tpot_s"] else float("nan")
-        print(f"  {server.name}: c={concurrency}: {entry['output_tokens_per_s']:.1f} output tok/s, median TPOT {tpot:.1f} ms, "
-              f"{entry['whole_answers']}/{count} whole answers, {entry['dropped']} connections dropped", flush=True)
-    return runs
+
+
+def measure_width(server: Server, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
+    print(f"  {server.name}: {len(prompts)} requests, {concurrency} at a time ...", flush=True)
+    results, wall_s = drive(server, prompts, concurrency, max_tokens)
+    entry = {"concurrency": concurrency, "loadavg": load_average(), **summary(results, wall_s, max_tokens)}
+    tpot = entry["tpot_s"]["p50"] * 1000 if entry["tpot_s"] else float("nan")
+    print(f"  {server.name}: c={concurrency}: {entry['output_tokens_per_s']:.1f} output tok/s, median TPOT {tpot:.1f} ms, "
+          f"{entry['whole_answers']}/{len(prompts)} whole answers, {entry['dropped']} connections dropped, "
+          f"{entry['retried']} sent again", flush=True)
+    return entry
+
+
+def batches(work: list[list[int]], requests: list[int], rounds: int) -> list[list[list[int]]]:
+    """work[0] is the first request's; then each round's prompts for each width in turn: no prompt is sent twice
+    to a server, so its prefix cache (vLLM's, llama-server's per-slot one) never skips a prefill."""
+    out, start = [], 1
+    for _ in range(rounds):
+        out.append([])
+        for count in requests:
+            out[-1].append(work[start:start + count])
+            start += count
+    return out
+
+
+def median_run(rounds: list[dict]) -> dict:
+    """One width's runs over the rounds, as one run: the median round's tokens/s and TPOT / TTFT p50, summed counts."""
+    def med(values):
+        return percentile([v for v in values if v is not None], 50)
+    run = {"concurrency": rounds[0]["concurrency"], "loadavg": rounds[-1]["loadavg"], "rounds": len(rounds),
+           "output_tokens_per_s": med([r["output_tokens_per_s"] for r in rounds]),
+           "output_tokens_per_s_rounds": [r["output_tokens_per_s"] for r in rounds]}
+    for key in ("requests", "answered", "dropped", "retried", "whole_answers", "output_tokens"):
+        run[key] = sum(r[key] for r in rounds)
+    for key in ("ttft_s", "tpot_s"):
+        p50 = med([(r[key] or {}).get("p50") for r in rounds])
+        run[key] = {"p50": p50, "p50_rounds": [(r[key] or {}).get("p50") for r in rounds]} if p50 is not None else None
+    run["errors"] = [error for r in rounds for error in r["errors"]][:3]
+    return run
 
 
 def plot(record: dict, path: Path) -> None:
@@ -193,6 +235,8 @@ def main() -> None:
                         help="a peer server's command line, with {port} (and {threads}) where they go; repeatable")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--requests", default="8,16,64", help="requests per concurrency, in the same order")
+    parser.add_argument("--rounds", type=int, default=1, help="more than 1: every server up at once, each round driving each width on "
+                                                                 "each server in turn; the table holds each width's median round")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every server (OMP_NUM_THREADS; {threads} in a peer's command)")
@@ -203,6 +247,8 @@ def main() -> None:
     widths = [int(w) for w in args.concurrency.split(",")]
     requests = [int(r) for r in args.requests.split(",")]
     modes = [m for m in args.assay_modes.split(",") if m]
+    if args.rounds < 1:
+        parser.error("--rounds takes a positive number")
     if len(widths) != len(requests) or min(widths + requests) < 1:
         parser.error("--concurrency and --requests need as many positive numbers each")
     if unknown := [m for m in modes if m not in ASSAY_MODES]:
@@ -218,24 +264,48 @@ def main() -> None:
     if args.prompt_tokens + args.max_tokens > args.max_len:
         parser.error(f"--prompt-tokens + --max-tokens ({args.prompt_tokens + args.max_tokens}) exceed --max-len {args.max_len}")
 
-    work = corpus_prompts(args.model, 1 + sum(requests), args.prompt_tokens)  # the first request's, then each width's own
+    work = corpus_prompts(args.model, 1 + args.rounds * sum(requests), args.prompt_tokens)  # the first request's, then each round's and width's own
     extra = " ".join(shlex.quote(flag) for flag in shlex.split(args.assay_args))
     servers = [(f"assay {mode}{' ' + extra if extra else ''}", f"{shlex.quote(sys.executable)} -m assay serve --model "
                 f"{shlex.quote(str(args.model))} --port {{port}} --max-seqs {args.max_seqs} --max-len {args.max_len} "
                 f"{' '.join(ASSAY_MODES[mode])} {extra}".rstrip()) for mode in modes] + peers
     log_dir = Path(tempfile.mkdtemp(prefix="assay-peers-"))  # each server's output, named in the record
     record = {"benchmark": "serve_peers", "model": str(args.model), "model_name": args.model.resolve().name, "machine": machine(),
-              "threads": args.threads, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+              "threads": args.threads, "rounds": args.rounds, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
               "concurrency": widths, "requests": requests, "logs": str(log_dir), "servers": []}
-    for name, command in servers:
-        server = Server(name, command, args.threads, log_dir, args.ready_s)
+    work_by_round = batches(work, requests, args.rounds)
+    if args.rounds == 1:  # one server at a time: only it is in memory
+        for name, command in servers:
+            server = Server(name, command, args.threads, log_dir, args.ready_s)
+            try:
+                print(f"{name}: answering after {server.ready_s:.1f} s (model {server.model!r})", flush=True)
+                first_request(server, work[0], args.max_tokens)
+                runs = [measure_width(server, prompts, c, args.max_tokens) for c, prompts in zip(widths, work_by_round[0])]
+                record["servers"].append({"name": name, "command": server.command, "ready_s": server.ready_s, "runs": runs})
+            finally:
+                server.stop()
+            atomic_write_json(args.out, record)  # after each server: a later failure keeps what was measured
+    else:  # every server up at once, idle but for the one driven; each round drives each width on each in turn
+        started: list[Server] = []
         try:
-            print(f"{name}: answering after {server.ready_s:.1f} s (model {server.model!r})", flush=True)
-            record["servers"].append({"name": name, "command": server.command, "ready_s": server.ready_s,
-                                      "runs": measure(server, work, widths, requests, args.max_tokens)})
+            for name, command in servers:
+                started.append(Server(name, command, args.threads, log_dir, args.ready_s))
+                print(f"{name}: answering after {started[-1].ready_s:.1f} s (model {started[-1].model!r})", flush=True)
+                first_request(started[-1], work[0], args.max_tokens)
+            per_server = {server.name: [[] for _ in widths] for server in started}
+            for round_index, prompts_by_width in enumerate(work_by_round):
+                print(f"round {round_index + 1}/{args.rounds}", flush=True)
+                order = started[round_index % len(started):] + started[:round_index % len(started)]  # who goes first rotates
+                for index, (concurrency, prompts) in enumerate(zip(widths, prompts_by_width)):
+                    for server in order:
+                        per_server[server.name][index].append(measure_width(server, prompts, concurrency, args.max_tokens))
+                record["servers"] = [{"name": server.name, "command": server.command, "ready_s": server.ready_s,
+                                      "runs": [median_run(rounds) for rounds in per_server[server.name]]} for server in started]
+                record["rounds_done"] = round_index + 1
+                atomic_write_json(args.out, record)  # after each round: a later failure keeps what was measured
         finally:
-            server.stop()
-        atomic_write_json(args.out, record)  # after each server: a later failure keeps what was measured
+            for server in started:
+                server.stop()
 
     rows = []
     reference = {run["concurrency"]: run for run in record["servers"][0]["runs"]}
@@ -248,6 +318,10 @@ def main() -> None:
                          f"{record['servers'][0]['name']} / this": base["output_tokens_per_s"] / run["output_tokens_per_s"]})
     record["ratios"] = [{"server": row["server"], "concurrency": row["c"], "reference_over_server": row[f"{record['servers'][0]['name']} / this"]}
                         for row in rows]
+    if args.rounds > 1:  # each round's own ratio, the servers measured minutes apart
+        for ratio, (server, run) in zip(record["ratios"], [(s, r) for s in record["servers"] for r in s["runs"]]):
+            base = reference[run["concurrency"]]["output_tokens_per_s_rounds"]
+            ratio["reference_over_server_rounds"] = [a / b if a and b else None for a, b in zip(base, run["output_tokens_per_s_rounds"])]
     atomic_write_json(args.out, record)
     plot(record, args.out.with_suffix(".png"))
     print_table(rows, list(rows[0]), title=f"{record['model_name']}: {args.prompt_tokens} + {args.max_tokens} tokens, {args.threads} threads")

@@ -11,7 +11,11 @@ logits, and the real model to what matters, its next-token loss on held-out text
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -169,3 +173,35 @@ def test_inductor_serves_int8_through_the_template_when_narrow_and_the_library_w
     assert check["steps"] > 0
     assert check["max_rel"] <= INDUCTOR_INT8_TOLERANCE, check
     assert together[0] == alone
+
+
+def test_the_w8a8_checkpoint_for_vllm_holds_the_int8_weights_assay_serves(zoo_dir, tmp_path):
+    # bench/serve/w8a8_checkpoint.py makes vLLM's int8 peer: its weights must be assay's int8 weights, so the
+    # peers' int8 table compares kernels, not roundings. The scales: float32 there, bfloat16 in assay (its
+    # kernel's dtype), so equal within bfloat16's rounding (2 ** -8 relative).
+    from safetensors.torch import load_file
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "serve" / "w8a8_checkpoint.py"
+    completed = subprocess.run([sys.executable, str(script), str(zoo_dir / "llama"), str(tmp_path / "w8a8")], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    converted, source = load_file(tmp_path / "w8a8" / "model.safetensors"), load_file(zoo_dir / "llama" / "model.safetensors")
+    config = json.loads((tmp_path / "w8a8" / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "int-quantized"
+    name = "model.layers.0.mlp.down_proj.weight"
+    layer = Int8WeightOnlyLinear(_linear_with(source[name]))
+    assert converted[name].dtype == torch.int8 and torch.equal(converted[name], layer.weight_int8)
+    assert rel_error(converted[name.removesuffix("weight") + "weight_scale"][:, 0], layer.scale.float()) <= 2**-8
+    linears = [key for key in converted if key.endswith("weight_scale")]
+    assert len(linears) == 7 * sum(key.endswith("input_layernorm.weight") for key in source)
+    assert torch.equal(converted["model.embed_tokens.weight"], source["model.embed_tokens.weight"])
+    assert (tmp_path / "w8a8" / "tokenizer.json").is_file()
+    refused = subprocess.run([sys.executable, str(script), str(zoo_dir / "qwen3"), str(tmp_path / "q")], capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and refused.stderr.strip().startswith("error:") and "Traceback" not in refused.stderr
+    assert not (tmp_path / "q").exists()
+
+
+def _linear_with(weight: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    return linear
