@@ -11,14 +11,16 @@ The workload is the one vLLM's `bench serve --dataset-name random` sends, on rea
 ids (windows of the embedded corpus at random offsets, the same ids for every server: a GGUF converted from the
 model's tokenizer.json numbers the tokens alike), --max-tokens new tokens with ignore_eos, temperature 0,
 streamed. For each concurrency c, --requests requests go out c at a time (c clients, each sending its next
-request when its last one ends). Measured at the client: output tokens/s over the wall time of the batch (tokens of whole answers only;
-a connection the server drops is counted, not retried), time to first token, time per output token (TPOT:
-from the first token to the last, over the tokens between).
+request when its last one ends). Measured at the client: output tokens/s over the wall time of the batch
+(tokens of whole answers only; a connection the server drops once it has begun to answer is counted, not
+retried; one it closes unanswered is sent again once), time to first token, time per output token (TPOT: from
+the first token to the last, over the tokens between).
 Every server gets one untimed request first (lazy set-up is not serving speed) and the same threads (the
-client shares the machine with it, as it does with each peer). A shared machine's speed drifts by 10-20% over
-minutes: --rounds N starts every server at once and measures each width on each server in turn, N times, so
-each round's ratios come from minutes apart; the table holds each width's median round. The peers' commands are the user's: docs/serve.md
-("Measuring against llama.cpp and vLLM") says how to build each and make its model file.
+client shares the machine with it, as it does with each peer). A shared machine's speed drifts (by 15-20% within
+an hour here): --rounds N starts every server at once and measures each width on each server in turn, N times,
+so each round's ratios compare servers measured within a minute of each other; the table holds each width's
+median round. The peers' commands are the user's: docs/serve.md ("Measuring against llama.cpp and vLLM") says
+how to build each and make its model file.
 """
 
 from __future__ import annotations
