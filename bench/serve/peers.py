@@ -197,7 +197,8 @@ def median_run(rounds: list[dict]) -> dict:
         run[key] = sum(r[key] for r in rounds)
     for key in ("ttft_s", "tpot_s"):
         p50 = med([(r[key] or {}).get("p50") for r in rounds])
-        run[key] = {"p50": p50, "p50_rounds": [(r[key] or {}).get("p50") for r in rounds]} if p50 is not None else None
+        run[key] = {"p50": p50, "p50_rounds": [(r[key] or {}).get("p50") for r in rounds],  # p99: one slow request a batch shows here
+                    "p99_rounds": [(r[key] or {}).get("p99") for r in rounds]} if p50 is not None else None
     run["errors"] = [error for r in rounds for error in r["errors"]][:3]
     return run
 
