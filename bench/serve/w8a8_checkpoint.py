@@ -14,16 +14,19 @@ linears; a tied head is the embedding).
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: this checkout's `assay`
+
+import argparse
+import json
+import shutil
+
 from safetensors.torch import load_file, save_file
 
-INT8_MAX = 127
+from assay.serve.runner.quantize import int8_rows
+
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 QUANTIZATION_CONFIG = {
     "quant_method": "compressed-tensors",
@@ -40,13 +43,6 @@ QUANTIZATION_CONFIG = {
 }
 
 
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> (int8 [N, K], float32 scale [N, 1]): symmetric, one scale per output row."""
-    weight = weight.float()
-    scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX
-    return torch.round(weight / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8).contiguous(), scale
-
-
 def convert(source: Path, target: Path) -> int:
     """Write target/ (config.json with the quantization config, model.safetensors, the tokenizer files); the
     number of linears quantized."""
@@ -56,7 +52,8 @@ def convert(source: Path, target: Path) -> int:
     tensors, quantized = {}, 0
     for name, tensor in load_file(source / "model.safetensors").items():
         if name.endswith(".weight") and name.split(".")[-2] in LINEARS:
-            tensors[name], tensors[name.removesuffix("weight") + "weight_scale"] = quantize_rows(tensor)
+            weight_int8, scale = int8_rows(tensor)  # as `assay serve --quantize int8` rounds it
+            tensors[name], tensors[name.removesuffix("weight") + "weight_scale"] = weight_int8, scale[:, None]
             quantized += 1
         else:
             tensors[name] = tensor.contiguous()

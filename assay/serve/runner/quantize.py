@@ -39,15 +39,21 @@ DEQUANTIZED_ROWS = 128
 DEQUANTIZED_MAX_ELEMENTS = 8 * 2**20
 
 
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (int8 [N, K], float32 scale [N]): symmetric, one scale per output row, max |w| / 127."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX
+    return torch.round(weight / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8).contiguous(), scale
+
+
 class Int8WeightOnlyLinear(nn.Module):
     """y = x @ (q * s)^T + b: q [N, K] int8, s [N] one scale per output row, x and x @ (q * s)^T rounded to bfloat16."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        weight = linear.weight.detach().float()  # [N, K]
-        scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX  # [N]
+        weight_int8, scale = int8_rows(linear.weight)  # [N, K], [N]
         # Buffers, not parameters: nothing here trains, and the slot model's dtype cast leaves them alone.
-        self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8).contiguous())
+        self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("scale", scale.to(ACTIVATION_DTYPE))
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
