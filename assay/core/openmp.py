@@ -11,7 +11,9 @@ loading thread, 45.8 ms on another thread while the loading thread's team lived;
 linear 30 us against 124 us (`python bench/core/openmp_teams.py`).
 
 `release_openmp_workers()` ends the calling thread's team, so that the thread which steps the model next is
-the only one with workers. Other OpenMP runtimes (LLVM's libomp, Intel's) are left alone: this is a no-op there.
+the only one with workers. Every libgomp the process has mapped is paused, not only PyTorch's: a wheel may
+bundle its own copy (sentencepiece's does), and each copy keeps teams of its own. Other OpenMP runtimes (LLVM's
+libomp, Intel's) are left alone: this is a no-op there.
 """
 
 from __future__ import annotations
@@ -22,31 +24,48 @@ from pathlib import Path
 _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t (OpenMP 5.0); libgomp frees the calling thread's team for soft and hard alike
 
 
-def loaded_libgomp() -> Path | None:
-    """The libgomp this process has loaded (PyTorch's bundled copy or the system's), or None: another runtime,
-    none loaded yet, or no /proc to ask."""
+def loaded_libgomps() -> list[Path]:
+    """Every libgomp this process has loaded, in the order /proc/self/maps lists them: PyTorch's bundled copy,
+    the system's (inductor's compiled kernels link it), and any a wheel bundles (sentencepiece's does, and
+    Transformers imports it with a tokenizer). Empty: another runtime, none loaded yet, or no /proc to ask."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
-        return None
+        return []
+    found: list[Path] = []
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) == 6 and Path(fields[5]).name.startswith("libgomp"):
-            return Path(fields[5].strip())
-    return None
+            path = Path(fields[5].strip())
+            if path not in found:
+                found.append(path)
+    return found
+
+
+def loaded_libgomp() -> Path | None:
+    """The first libgomp of loaded_libgomps(), or None where none is loaded."""
+    found = loaded_libgomps()
+    return found[0] if found else None
 
 
 def release_openmp_workers() -> bool:
-    """End the calling thread's OpenMP worker team (libgomp's omp_pause_resource_all); True when one was
-    released or there was none to release. The thread gets a new team at its next parallel region, so
+    """End the calling thread's OpenMP worker teams, one per libgomp loaded (each copy keeps its own:
+    omp_pause_resource_all); True when every copy released its team or had none. A process may hold several
+    copies, and pausing only one would leave the team that steps the model alive (with sentencepiece's copy
+    mapped first, a compiled decode step of one sequence took 45-50 ms on the engine thread instead of 21-24:
+    the loading thread's PyTorch team lived on). The thread gets a new team at its next parallel region, so
     call it on a thread that has finished its parallel work (the one that loaded a model, before another
-    thread steps it). Not inside a parallel region; False where the runtime is not libgomp or is too old
+    thread steps it). Not inside a parallel region; False where no libgomp is loaded or one is too old
     (GCC < 9) to pause."""
-    library = loaded_libgomp()
-    if library is None:
+    libraries = loaded_libgomps()
+    if not libraries:
         return False
-    pause = getattr(ctypes.CDLL(str(library)), "omp_pause_resource_all", None)
-    if pause is None:
-        return False
-    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
-    return pause(_OMP_PAUSE_SOFT) == 0
+    released = True
+    for library in libraries:
+        pause = getattr(ctypes.CDLL(str(library)), "omp_pause_resource_all", None)
+        if pause is None:
+            released = False
+            continue
+        pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+        released = pause(_OMP_PAUSE_SOFT) == 0 and released
+    return released

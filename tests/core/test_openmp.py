@@ -62,6 +62,38 @@ def test_a_released_team_ends_and_the_next_parallel_region_makes_one_for_its_own
     assert seen["again"] == seen["alone"] + 1, seen  # and made again by the next region
 
 
+def test_every_loaded_libgomp_releases_its_team_not_only_the_first_one_mapped():
+    # A wheel that bundles its own libgomp (sentencepiece does; Transformers imports it with a tokenizer) puts a
+    # second copy in the process, mapped before PyTorch's: releasing only the first copy left PyTorch's team
+    # alive, and the engine thread's decode step ran at half speed. Here a copy of PyTorch's own library, loaded
+    # after it, plays that wheel's part.
+    seen = _run("""
+        import ctypes, json, shutil, tempfile, torch
+        from pathlib import Path
+        from assay.core.openmp import loaded_libgomps, release_openmp_workers
+        torch.set_num_threads(2)
+        own = loaded_libgomps()
+        if own:
+            bundled = Path(tempfile.mkdtemp()) / "libgomp-bundled.so.1"
+            shutil.copy(own[0], bundled)
+            ctypes.CDLL(str(bundled))
+        big = torch.rand(4_000_000)
+        alone = threads()
+        big.exp()  # PyTorch's copy makes the team
+        with_team = threads(alone + 1)
+        released = release_openmp_workers()
+        after = threads(alone)
+        print(json.dumps({"own": [str(p) for p in own], "loaded": [str(p) for p in loaded_libgomps()],
+                          "alone": alone, "with_team": with_team, "released": released, "after": after}))
+    """)
+    if not seen["own"]:  # another runtime: nothing to release
+        return
+    assert len(seen["loaded"]) == len(seen["own"]) + 1, seen  # the bundled copy is listed beside PyTorch's
+    assert seen["released"] is True, seen
+    assert seen["with_team"] == seen["alone"] + 1, seen
+    assert seen["after"] == seen["alone"], seen  # PyTorch's team ended, though its library is not the first mapped
+
+
 def test_the_engine_loop_leaves_the_loading_thread_without_a_team(zoo_dir):
     if loaded_libgomp() is None:
         assert release_openmp_workers() is False
