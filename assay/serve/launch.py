@@ -17,6 +17,7 @@ from pathlib import Path
 from assay.core.checks import inspect_checkpoint
 from assay.core.cli import quiet_libraries
 from assay.core.errors import AssayError
+from assay.core.process import freeze_startup_heap
 from assay.serve.engine.config import EngineConfig
 from assay.serve.engine.scheduler import warm_up_widths
 from assay.serve.http.server import bind_socket, server_url, uvicorn_server
@@ -70,6 +71,8 @@ def serve(request: ServeRequest, announce=print) -> None:
     engine = load_engine(request, config)
     log.info(f"loaded the weights and the slot pool in {time.perf_counter() - start:.1f} s")
     engine.warm_up()
+    # Out of the collector's reach from now on: a full collection over the compiled model's objects paused a request.
+    log.debug(f"froze {freeze_startup_heap():,} start-up objects (gc.freeze)")
     model_name = request.served_model_name or Path(folder).name
     app = create_app(engine, model_name, api_key=request.api_key, max_request_bytes=request.max_request_bytes)
     sock = bind_socket(request.host, request.port)

@@ -55,6 +55,7 @@ class EngineReplica:
         from ray import serve
 
         from assay.core.cli import quiet_libraries
+        from assay.core.process import freeze_startup_heap
         from assay.serve.engine.loop import EngineLoop
         from assay.serve.http.frontend import Limits
         from assay.serve.http.metrics import ServerMetrics
@@ -67,6 +68,7 @@ class EngineReplica:
         # Ray hands the replica its device (CUDA_VISIBLE_DEVICES etc.), so "cuda" is this replica's own GPU.
         engine = load_engine(serve_request, engine_config(serve_request))
         engine.warm_up()
+        freeze_startup_heap()  # as assay serve does (launch.py): no full collection over the compiled model's objects
         limits = Limits.of(engine, engine.tokenizer)
         self._facts = EngineFacts(limits, engine.config, engine.vocab_size, limits.slot_positions)
         self._loop = EngineLoop(engine)
