@@ -32,7 +32,7 @@ def limit_address_space(limit_bytes: int | None) -> None:
 def freeze_startup_heap() -> int:
     """A full collection, then every object still alive moved to the collector's permanent generation (gc.freeze,
     as vLLM does once its engine is up); the number frozen. For a process that has finished setting up and only
-    serves from now on: a model compiled with torch.compile leaves millions of long-lived objects (dynamo's and
+    serves from now on: a model compiled with torch.compile leaves about a million long-lived objects (dynamo's and
     inductor's graphs, guards, sympy expressions of dynamic shapes), and each full collection walked them all,
     a pause of most of a second in whichever request it fell on. Frozen objects are never collected: call it
     once, after set-up, not in a process that keeps making and dropping models (a test runner)."""

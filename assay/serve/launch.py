@@ -72,7 +72,8 @@ def serve(request: ServeRequest, announce=print) -> None:
     log.info(f"loaded the weights and the slot pool in {time.perf_counter() - start:.1f} s")
     engine.warm_up()
     # Out of the collector's reach from now on: a full collection over the compiled model's objects paused a request.
-    log.debug(f"froze {freeze_startup_heap():,} start-up objects (gc.freeze)")
+    frozen = freeze_startup_heap()
+    log.debug(f"froze {frozen:,} start-up objects (gc.freeze)")
     model_name = request.served_model_name or Path(folder).name
     app = create_app(engine, model_name, api_key=request.api_key, max_request_bytes=request.max_request_bytes)
     sock = bind_socket(request.host, request.port)
