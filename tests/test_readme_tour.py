@@ -146,7 +146,7 @@ class Tour:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # the real model's probe scores 40 items twice (device and reference)
+@pytest.mark.timeout(3600)  # the real model's probe scores 20 items twice (device and reference)
 def test_the_readme_tour_runs_top_to_bottom(real_model_dir, tmp_path):
     tour = Tour(tmp_path, {readme_port: _free_port() for readme_port in PORTS})
     # The tour runs from the clone's root: the embedded lm-eval tasks are named by their path there.
