@@ -74,7 +74,6 @@ def _ask(client, name: str, prompt: str) -> str:
     return client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0).choices[0].text
 
 
-@pytest.mark.inductor
 def test_compiled_buckets_warm_up_once_then_serve_the_eager_text_with_no_compile(real_server, real_model_dir):
     # Buckets 1 and 2, compiled at warm-up before the URL is printed; then one request alone (width 1) and two
     # at once (width 2). Greedy float32 text equals the eager server's. The compiler is aot_eager: what this
