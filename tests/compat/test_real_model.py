@@ -54,8 +54,8 @@ def test_zoo_real_writes_the_same_folder_again_with_progress_and_a_summary(real_
 
 # The embedded tasks' first items that fit in 64 tokens: every item costs a compiled and an eager forward of 135M
 # parameters, and each padded length one more full-model compile (the eval pads to 64, 128, ...; a longer item
-# would add a second graph of about 20 CPU-seconds). The README's run scores whole tasks (one answer per item, the
-# same claim). The copies run as a user's own tasks.
+# would add a second graph of about 20 CPU-seconds). The README's tour scores 20 cloze passages with
+# aot_eager (one answer per item, the same claim). The copies run as a user's own tasks.
 EVAL_ITEMS = 12
 EVAL_TOKENS = 64
 

@@ -78,8 +78,8 @@ def test_compiled_buckets_warm_up_once_then_serve_the_eager_text_with_no_compile
     # Buckets 1 and 2, compiled at warm-up before the URL is printed; then one request alone (width 1) and two
     # at once (width 2). Greedy float32 text equals the eager server's. The compiler is aot_eager: what this
     # test is about (warm-up compiles each width once, serving compiles nothing, the widths' slots and steps)
-    # is the engine's, whatever the backend; inductor on this model costs 88 CPU-seconds of warm-up against 38
-    # (2 cores). Inductor's decode graphs and their numerics are tested on the zoo (test_decode_gemm.py,
+    # is the engine's, whatever the backend; aot_eager's warm-up takes 38 CPU-seconds, inductor's took 88 s to the
+    # URL (2 cores). Inductor's decode graphs and their numerics are tested on the zoo (test_decode_gemm.py,
     # test_quantize.py, test_engine.py), and inductor on this model by the probe (test_real_model.py).
     from openai import OpenAI
 
