@@ -13,6 +13,8 @@ import torch
 from assay.compat.probe.judge import SMOLLM2_Q4_1_SHA256, default_judge, judge_text
 from assay.compat.probe.execute import probe
 from assay.compat.probe.request import ProbeRequest
+from assay.compat.results.dataset import query
+from assay.compat.run.single import probe_and_record
 from assay.compat.eval.task_files import TASKS_DIR
 from assay.core.numerics import tolerance
 from assay.zoo.corpus import corpus_split
@@ -83,11 +85,16 @@ def _task_heads(folder, tokenizer) -> tuple[str, ...]:
 def test_converted_model_passes_the_probe_under_inductor_and_scores_the_tasks_as_the_reference(real_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    row = probe(ProbeRequest(str(real_model_dir), backend="inductor", new_tokens=8, reference_cache=None,
-                             eval_tasks=_task_heads(tmp_path, AutoTokenizer.from_pretrained(real_model_dir))))
+    # The suite's one inductor probe: recorded as the matrix records it (probe_and_record), on the real model.
+    request = ProbeRequest(str(real_model_dir), backend="inductor", new_tokens=8, reference_cache=None,
+                           eval_tasks=_task_heads(tmp_path, AutoTokenizer.from_pretrained(real_model_dir)))
+    row = probe_and_record(request, tmp_path / "results")
     assert row["task"] == "text-generation" and row["architecture"] == "LlamaForCausalLM"
     assert row["status"] == "PASS", (row["reason"], row["error"])
-    assert row["graphs"] >= 1
+    assert row["graphs"] >= 1 and row["graph_breaks"] == 0
+    assert row["compile_cache_hit"] is not None  # inductor keeps an FX-graph cache: a lookup was made
+    [stored] = query(tmp_path / "results")
+    assert stored["stack_id"].startswith("cpu-inductor-") and stored["status"] == "PASS"
     # --eval: the compiled model answers every item scored as the CPU eager reference does.
     assert row["eval_status"] == "AGREE", (row["eval_reason"], row["eval_error"])
     assert row["eval_agreement"] == [1.0, 1.0] and row["eval_disagreements"] == []

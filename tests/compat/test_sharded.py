@@ -14,6 +14,10 @@ from assay.compat.probe.request import ProbeRequest
 from assay.core.numerics import tolerance
 from assay.zoo.corpus import corpus_split
 
+# The judged probe's eval scores the first 25 of the task's 100 items on 2 ranks and on the reference: each item's
+# forward is a collective either way, and agreement item by item is what is checked, not accuracy.
+EVAL_LIMIT = 25
+
 
 @pytest.mark.distributed
 def test_tensor_parallel_probe_on_two_processes_matches_the_single_device_run(zoo_dir, tmp_path):
@@ -80,13 +84,6 @@ def test_judge_tells_fluent_english_from_gibberish(judge):
 
 
 @pytest.mark.distributed
-def test_sharded_probe_without_reference_is_decided_by_the_judge(zoo_dir, judge):
-    row = probe(ProbeRequest(str(zoo_dir / "qwen3"), backend="aot_eager", new_tokens=12, devices=2, judge=judge, reference=False))
-    # A random-weights model does not write English: the judge must say so.
-    assert row["status"] == "FAIL_ACCURACY" and "judge" in row["reason"] and row["check"] == "judge"
-
-
-@pytest.mark.distributed
 def test_expert_parallel_moe_probe_matches_the_single_device_run(zoo_dir):
     # Every zoo MoE also has a TP plan, so expert parallelism is asked for by name here; "auto" picks it
     # for MoE models that have only an expert-parallel plan.
@@ -99,9 +96,9 @@ def test_expert_parallel_moe_probe_matches_the_single_device_run(zoo_dir):
 def test_a_judged_sharded_probe_gets_the_eval_and_drift_columns_of_a_single_device_row(zoo_dir, judge):
     # Tensor parallel over 2 ranks: every rank scores the task (each forward is a collective), rank 0 records.
     row = probe(ProbeRequest(str(zoo_dir / "qwen3-pretrained"), backend="aot_eager", new_tokens=6, devices=2, judge=judge,
-                             eval_tasks=("assay_next_sentence",)))
+                             eval_tasks=("assay_next_sentence",), eval_limit=EVAL_LIMIT))
     assert row["status"] == "PASS" and row["check"] == "tokens-vs-cpu-eager+judge", (row["reason"], row["error"])
-    assert row["eval_status"] == "AGREE" and row["eval_tasks"] == ["assay_next_sentence"] and row["eval_items"] == [100], row["eval_reason"]
+    assert row["eval_status"] == "AGREE" and row["eval_tasks"] == ["assay_next_sentence"] and row["eval_items"] == [EVAL_LIMIT], row["eval_reason"]
     assert row["eval_accuracy"] == row["eval_reference_accuracy"] and row["eval_agreement"] == [1.0]
     assert row["eval_graphs"] >= 1 and row["eval_seconds"][0] > 0
     # The logit drift of rank 0's generation against the single-device reference: float32 round-off of a

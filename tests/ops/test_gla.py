@@ -412,14 +412,10 @@ def _compiled_matches_eager(backend, inputs, chunk_size):
         assert_close("compiled_vs_eager", leaf_compiled.grad, leaf_eager.grad, torch.float32)
 
 
-@pytest.mark.slow  # 25 s: both branches of the torch.cond are traced
-def test_compiled_mixed_forms_match_eager_aot_eager():
-    # The form choice is a torch.cond inside the graph: no graph break, both forms compiled.
-    _compiled_matches_eager("aot_eager", mixed_gates(100), 32)
-
-
 @pytest.mark.inductor
 def test_compiled_mixed_forms_match_eager_inductor():
+    # The form choice is a torch.cond inside the graph: no graph break, both forms traced (by the same AOT
+    # autograd trace aot_eager runs) and generated, forward and backward.
     _compiled_matches_eager("inductor", mixed_gates(100), 32)
 
 
