@@ -14,6 +14,16 @@ from assay.serve.runner.weights import load_slot_model
 WIDTH, MAX_LEN = 2, 32
 
 
+def _biased_output_projection(slot_model) -> None:
+    """Layer 1's output projection replaced by one with a bias of 0.5 (same weight): a submodule that computes
+    something else, which a graph traced for the old one would leave out."""
+    old = slot_model.model.layers[1].attention.wo
+    slot_model.model.layers[1].attention.wo = nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        slot_model.model.layers[1].attention.wo.weight.copy_(old.weight)
+        slot_model.model.layers[1].attention.wo.bias.fill_(0.5)
+
+
 def test_a_weight_set_after_warm_up_recompiles_and_decodes_as_eager(zoo_dir):
     device = torch.device("cpu")
     slot_model = load_slot_model(zoo_dir / "qwen3", device, MAX_LEN)
@@ -39,11 +49,7 @@ def test_a_weight_set_after_warm_up_recompiles_and_decodes_as_eager(zoo_dir):
     assert (compiled - before).abs().max() > 1e-3  # the new weight changed the logits
     # A submodule that computes something else (a projection with a bias): the old graph would leave the bias
     # out; the step is traced again.
-    old = slot_model.model.layers[1].attention.wo
-    slot_model.model.layers[1].attention.wo = nn.Linear(old.in_features, old.out_features, bias=True)
-    with torch.no_grad():
-        slot_model.model.layers[1].attention.wo.weight.copy_(old.weight)
-        slot_model.model.layers[1].attention.wo.bias.fill_(0.5)
+    _biased_output_projection(slot_model)
     compiled, eager = both()
     assert decode.compile_stats.graphs == graphs + 1, "the new submodule did not recompile the step"
     assert_close("compiled_vs_eager", compiled, eager, torch.float32)
@@ -73,11 +79,7 @@ def test_warmed_width_skips_guards_yet_sees_a_new_submodule_and_a_new_width(zoo_
     # ("compiled_vs_eager", float32) = 1e-4: aot_eager runs the same ops; only the decomposition's order differs.
     assert_close("compiled_vs_eager", compiled, eager, torch.float32)
     graphs = decode.compile_stats.graphs
-    old = slot_model.model.layers[1].attention.wo
-    slot_model.model.layers[1].attention.wo = nn.Linear(old.in_features, old.out_features, bias=True)
-    with torch.no_grad():
-        slot_model.model.layers[1].attention.wo.weight.copy_(old.weight)
-        slot_model.model.layers[1].attention.wo.bias.fill_(0.5)
+    _biased_output_projection(slot_model)
     changed, eager = step(WIDTH)
     assert decode.compile_stats.graphs == graphs + 1, "the new submodule did not recompile the step"
     assert_close("compiled_vs_eager", changed, eager, torch.float32)
